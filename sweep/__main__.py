@@ -1,0 +1,105 @@
+"""`python -m sweep`: parse, dispatch, map errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+
+from sweep.errors import SweepError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sweep", description=(
+        "Hyperparameter sweeps with per-trial resume. Re-run the same `run` command after any "
+        "interruption: finished trials are skipped, interrupted ones resume from their newest checkpoint."))
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="start a study, or resume it after any interruption")
+    run.add_argument("study_file", metavar="STUDY.yaml")
+    run.add_argument("--n-jobs", type=int, default=None, help="trials at once (overrides parallel.n_jobs)")
+    run.add_argument("--quiet", action="store_true", help="only warnings, errors and the summary")
+    run.add_argument("--verbose", action="store_true", help="also library logs (JAX, Orbax, Optuna)")
+    status = sub.add_parser("status", help="what every trial is doing / has done")
+    status.add_argument("study_file", metavar="STUDY.yaml")
+    status.add_argument("--json", action="store_true", help="machine-readable output (see CONTRACT)")
+    return p
+
+
+class _ArgumentError(SweepError):
+    exit_code = 2
+
+
+def _setup_logging(quiet: bool, verbose: bool) -> None:
+    level = logging.WARNING if quiet else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[sweep %(asctime)s] %(message)s", "%H:%M:%S"))
+    log = logging.getLogger("sweep")
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+    import optuna
+
+    optuna.logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        logging.getLogger("absl").setLevel(logging.ERROR)
+        logging.getLogger("jax").setLevel(logging.ERROR)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from sweep import config as config_lib
+    from sweep.study import check_config
+
+    config = config_lib.load(args.study_file)
+    n_jobs = args.n_jobs if args.n_jobs is not None else config.study.parallel.n_jobs
+    if n_jobs < 1:
+        raise _ArgumentError(f"--n-jobs: must be >= 1, got {n_jobs}")
+    check_config(config)
+    _setup_logging(args.quiet, args.verbose)
+    from sweep import summary
+    from sweep.runner import StopSignal
+    from sweep.workers import run_workers
+
+    stop = StopSignal()
+    stop.install()
+    study = run_workers(config, n_jobs, stop)
+    print(summary.text(config, study))
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from sweep import config as config_lib
+    from sweep import status
+
+    config = config_lib.load(args.study_file)
+    report = status.collect(config)
+    print(json.dumps(report, indent=1) if args.json else status.table(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage; its code is 2 for errors, 0 for --help
+        return int(exc.code or 0)
+    try:
+        return {"run": _cmd_run, "status": _cmd_status}[args.command](args)
+    except SweepError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # anything else is a bug or an environment problem: short message, exit 1
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""One trial's checkpoint folder: the only module that imports orbax.
+
+Saves copy the training state to host memory on the caller's thread and let
+Orbax write it on a background thread (at most one save in flight), so
+training continues while the bytes go to disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+log = logging.getLogger("sweep")
+
+
+def host_copy(state: Any) -> Any:
+    """A private numpy copy of a pytree of arrays (donated device buffers may be reused)."""
+    return jax.tree.map(lambda x: np.array(x, copy=True), state)
+
+
+class TrialCheckpoints:
+    """Save/restore of one trial's full training state with Orbax retention.
+
+    Keeps the newest `keep_last` steps plus the best `keep_best` by `metric`.
+    """
+
+    def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int) -> None:
+        self.directory = Path(directory)
+        best_fn = lambda metrics: float(metrics[metric])  # noqa: E731
+        # Orbax's `max_to_keep` together with `best_fn` deletes the *newest* steps when they are not
+        # among the best; a preservation policy keeps latest-N and best-K side by side instead.
+        keep = [policies.LatestN(n=keep_last)]
+        if keep_best:
+            keep.append(policies.BestN(get_metric_fn=best_fn, reverse=direction == "minimize", n=keep_best,
+                                       keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=policies.AnyPreservationPolicy(keep),
+            best_fn=best_fn,
+            best_mode="min" if direction == "minimize" else "max",
+            keep_checkpoints_without_metrics=False,
+            # Our own background thread writes host copies; Orbax's async mode would block the
+            # training thread longer (it serialises device arrays before returning).
+            enable_async_checkpointing=False,
+            cleanup_tmp_directories=True,  # a kill -9 mid-save leaves <step>.orbax-checkpoint-tmp
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
+        self._pending: Future[None] | None = None
+        self.last_saved: int | None = self._manager.latest_step()
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def restore(self, step: int, template: Any) -> Any:
+        """Restore `step` into the structure of `template` (optax states come back as their types)."""
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+    def save(self, *items: tuple[int, Any, dict[str, float] | None]) -> None:
+        """Start writing (step, host-copied state, metrics) items in order; at most one save in flight.
+
+        Returns once the previous save is on disk; steps not newer than the last saved are skipped
+        (Orbax would silently refuse them).
+        """
+        self.wait()
+        todo = []
+        for step, state, metrics in items:
+            if self.last_saved is None or step > self.last_saved:
+                todo.append((step, state, metrics))
+                self.last_saved = step
+        if todo:
+            self._pending = self._executor.submit(self._write, todo)
+
+    def _write(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
+        for step, state, metrics in items:
+            self._manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True)
+            self._manager.wait_until_finished()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is on disk; re-raise its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+            self._manager.close()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+
+def newest_mtime(directory: str | os.PathLike[str]) -> float | None:
+    """mtime of the newest committed step folder, without opening a manager (for status)."""
+    try:
+        entries = [e for e in os.scandir(directory) if e.is_dir() and e.name.isdigit()]
+    except OSError:
+        return None
+    return max((e.stat().st_mtime for e in entries), default=None)

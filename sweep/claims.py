@@ -1,0 +1,154 @@
+"""Who runs which trial: compare-and-set rows in a small table beside Optuna's.
+
+Optuna has no exclusive claim of a trial (WAITING trials are not claimed atomically on SQLite,
+and its heartbeat retry re-creates a crashed trial under a new number), so ownership lives in
+`sweep_claims`: one row per claimed trial (key "trial:<id>") plus one short-lived row per study
+(key "ask:<study id>") that serialises the decision "adopt or ask a new trial". A conditional
+UPDATE/unique INSERT works the same on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Iterable
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+HOST = socket.gethostname()
+LEASE_GRACE_S = 60.0  # a claim from another host is stale when its heartbeat is older than this
+HEARTBEAT_S = 10.0
+
+_metadata = sa.MetaData()
+claims_table = sa.Table(
+    "sweep_claims", _metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("heartbeat", sa.Float, nullable=False),
+)
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid`, so a recycled pid is not taken for the old process."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def my_owner() -> str:
+    pid = os.getpid()
+    return f"{HOST}/{pid}/{_start_time(pid)}"
+
+
+def owner_alive(owner: str, heartbeat: float, now: float | None = None) -> bool:
+    """Same host: the owning process still exists. Other host: its lease is fresh."""
+    host, _, rest = owner.partition("/")
+    if host == HOST:
+        pid, _, start = rest.partition("/")
+        return pid.isdigit() and _start_time(int(pid)) == start
+    return (now or time.time()) - heartbeat < LEASE_GRACE_S
+
+
+class Claims:
+    """Claims of one study, held by this process."""
+
+    def __init__(self, engine: sa.Engine, study_id: int) -> None:
+        self.engine, self.study_id, self.owner = engine, study_id, my_owner()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def create_table(engine: sa.Engine) -> None:
+        _metadata.create_all(engine, checkfirst=True)
+
+    def _retry(self, fn, *args):
+        # SQLite answers "database is locked" past its busy timeout under heavy contention; try again.
+        for attempt in range(20):
+            try:
+                return fn(*args)
+            except OperationalError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+    def try_take(self, key: str) -> bool:
+        """Take `key` if it is free or its owner is dead (compare-and-set on the owner)."""
+        return self._retry(self._try_take, key)
+
+    def _try_take(self, key: str) -> bool:
+        t = claims_table
+        now = time.time()
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(sa.select(t.c.owner, t.c.heartbeat).where(t.c.key == key)).first()
+                if row is None:
+                    conn.execute(t.insert().values(key=key, owner=self.owner, heartbeat=now))
+                    return True
+                if row.owner != self.owner and owner_alive(row.owner, row.heartbeat, now):
+                    return False
+                done = conn.execute(t.update().where(t.c.key == key, t.c.owner == row.owner)
+                                    .values(owner=self.owner, heartbeat=now))
+                return done.rowcount == 1
+        except IntegrityError:  # another process inserted the same key first
+            return False
+
+    def release(self, key: str) -> None:
+        t = claims_table
+
+        def _release() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(t.delete().where(t.c.key == key, t.c.owner == self.owner))
+
+        self._retry(_release)
+
+    def ask_lock(self, poll_s: float = 0.05) -> "_AskLock":
+        return _AskLock(self, f"ask:{self.study_id}", poll_s)
+
+    def live_owners(self, keys: Iterable[str]) -> dict[str, str]:
+        """key -> owner for the keys whose owner is alive."""
+        keys = list(keys)
+        if not keys:
+            return {}
+        t = claims_table
+        now = time.time()
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(t.c.key, t.c.owner, t.c.heartbeat).where(t.c.key.in_(keys))).all()
+        return {r.key: r.owner for r in rows if owner_alive(r.owner, r.heartbeat, now)}
+
+    def start_heartbeat(self) -> None:
+        """Renew this process's claims so workers on other hosts see them alive."""
+        def beat() -> None:
+            while not self._stop.wait(HEARTBEAT_S):
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(claims_table.update().where(claims_table.c.owner == self.owner)
+                                     .values(heartbeat=time.time()))
+                except OperationalError:
+                    pass  # next beat; the lease grace is several beats long
+
+        self._thread = threading.Thread(target=beat, name="sweep-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+
+
+def trial_key(trial_id: int) -> str:
+    return f"trial:{trial_id}"
+
+
+class _AskLock:
+    def __init__(self, claims: Claims, key: str, poll_s: float) -> None:
+        self.claims, self.key, self.poll_s = claims, key, poll_s
+
+    def __enter__(self) -> None:
+        while not self.claims.try_take(self.key):
+            time.sleep(self.poll_s)
+
+    def __exit__(self, *exc: object) -> None:
+        self.claims.release(self.key)

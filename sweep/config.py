@@ -1,0 +1,342 @@
+"""Study file -> validated, frozen config; every rule of the study file lives here.
+
+Imports neither optuna nor jax: validation must be fast and must create nothing.
+Sampler and pruner keyword arguments are checked against Optuna's classes by
+`sweep.study.check_config`, which the CLI runs right after `load`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sweep.errors import ConfigError
+from sweep.protocol import import_trial, protocol_problems
+
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc", "gp")
+PRUNERS = ("none", "median", "percentile", "successive_halving", "hyperband")
+Scalar = Union[None, bool, int, float, str]
+
+
+class _Model(BaseModel):
+    # strict: YAML `n_trials: "20"` or `steps: true` is a mistake, not something to coerce.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class FloatParam(_Model):
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> FloatParam:
+        _check_range(self.low, self.high, self.log, self.step)
+        return self
+
+
+class IntParam(_Model):
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+    step: Annotated[int, Field(ge=1)] = 1
+
+    @model_validator(mode="after")
+    def _check(self) -> IntParam:
+        _check_range(self.low, self.high, self.log, None if self.step == 1 else self.step)
+        return self
+
+
+class CategoricalParam(_Model):
+    type: Literal["categorical"]
+    choices: Annotated[list[Scalar], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _check(self) -> CategoricalParam:
+        if len(set(map(repr, self.choices))) != len(self.choices):
+            raise ValueError(f"choices: must not repeat a value, got {self.choices!r}")
+        return self
+
+
+def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
+    if not low < high:
+        raise ValueError(f"low: must be < high ({high!r}): the range is empty or inverted, got {low!r}")
+    if log and low <= 0:
+        raise ValueError(f"low: must be > 0 when log is true, got {low!r}")
+    if log and step is not None:
+        raise ValueError(f"step: cannot be combined with log: true, got {step!r}")
+
+
+Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
+
+
+class Objective(_Model):
+    metric: str
+    direction: Literal["minimize", "maximize"] = "minimize"
+
+
+class Sampler(_Model):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = sampler kwargs
+    type: Literal["tpe", "random", "grid", "cmaes", "qmc", "gp"] = "tpe"
+    seed: int = 0
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Pruner(_Model):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = pruner kwargs
+    type: Literal["none", "median", "percentile", "successive_halving", "hyperband"] = "none"
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Train(_Model):
+    steps: Annotated[int, Field(ge=1)]
+    eval_every: Annotated[int, Field(ge=1)]
+    seed: int = 0
+
+
+class Checkpoint(_Model):
+    every_steps: Annotated[int, Field(ge=1)] | None = None
+    every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
+    keep_last: Annotated[int, Field(ge=1)] = 2
+    keep_best: Annotated[int, Field(ge=0)] = 1
+
+
+class Parallel(_Model):
+    n_jobs: Annotated[int, Field(ge=1)] = 1
+
+
+class StudyFile(_Model):
+    name: Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
+    trial: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
+    storage: str | None = None
+    workdir: Annotated[str, Field(min_length=1)] | None = None
+    n_trials: Annotated[int, Field(ge=1)]
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    objective: Objective
+    sampler: Sampler = Sampler()
+    pruner: Pruner = Pruner()
+    search_space: dict[str, Param]
+    fixed: dict[str, Any] = {}
+    train: Train
+    checkpoint: Checkpoint = Checkpoint()
+    parallel: Parallel = Parallel()
+
+
+class Config:
+    """A validated study file, with its paths resolved against the current directory."""
+
+    def __init__(self, path: Path, study: StudyFile, trial_module: Any) -> None:
+        self.path = path
+        self.study = study
+        self.trial_module = trial_module
+        self.workdir = Path(os.path.abspath(study.workdir or f"runs/{study.name}"))
+        self.storage = _resolve_storage(study.storage, self.workdir)
+
+    @property
+    def name(self) -> str:
+        return self.study.name
+
+    def hyperparameters(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What the trial sees: its defaults, overridden by fixed values and sampled params."""
+        return {**self.trial_module.HYPERPARAMETERS, **self.study.fixed, **params}
+
+    def checkpoint_dir(self, number: int) -> Path:
+        return self.workdir / "checkpoints" / f"trial_{number:04d}"
+
+
+def _resolve_storage(url: str | None, workdir: Path) -> str:
+    if url is None:
+        return f"sqlite:///{workdir / 'study.db'}"
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
+        # Relative SQLite paths are relative to the current directory, as in the study file.
+        return prefix + os.path.abspath(url[len(prefix):])
+    return url
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read, parse and validate a study file, importing its trial module.
+
+    Raises:
+        ConfigError: on any broken rule; nothing has been created.
+    """
+    file = str(path)
+    raw = _read_yaml(file)
+    try:
+        study = StudyFile.model_validate(raw)
+    except ValidationError as exc:
+        raise _translate(file, exc.errors()[0], raw) from None
+    _check_storage(file, study.storage)
+    module = _load_trial_module(file, study)
+    return Config(Path(file), study, module)
+
+
+def _read_yaml(file: str) -> dict[str, Any]:
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(file, "", "study file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(file, "", f"cannot read the study file ({exc})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        if "could not determine a constructor" in str(exc):
+            problem = f"unsupported YAML tag (only plain YAML is allowed): {problem}"
+        raise ConfigError(file, "", f"invalid YAML at {where}{problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(file, "", f"invalid YAML: {exc}") from None
+    if raw is None:
+        raise ConfigError(file, "", "must be a mapping of study keys, got an empty file")
+    if not isinstance(raw, dict):
+        raise ConfigError(file, "", "must be a mapping of study keys", type(raw).__name__)
+    return raw
+
+
+_TYPE_RULES = {
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "list_type": "must be a list",
+    "too_short": "must not be empty",
+    "missing": "is required",
+}
+
+
+def _translate(file: str, err: dict[str, Any], raw: Any) -> ConfigError:
+    """One pydantic error -> `<file>: <key>: <rule>, got <value>`."""
+    # Discriminated unions put the tag in loc; drop it so keys read like the YAML.
+    loc = _strip_tags(list(err["loc"]))
+    key = ".".join(loc)
+    kind, value = err["type"], err.get("input", ...)
+    if kind == "extra_forbidden":
+        parent = _lookup(raw, loc[:-1])
+        allowed = _allowed_keys(loc[:-1], parent)
+        hint = difflib.get_close_matches(loc[-1], allowed, n=1)
+        rule = f"unknown key (did you mean {hint[0]!r}?)" if hint else f"unknown key (allowed: {', '.join(allowed)})"
+        return ConfigError(file, key, rule)
+    if kind == "missing":
+        return ConfigError(file, key, "is required")
+    if kind == "union_tag_invalid" or kind == "union_tag_not_found":
+        return ConfigError(file, key + ".type", "must be one of float, int, categorical", _lookup(raw, loc + ["type"]))
+    if kind == "literal_error":
+        return ConfigError(file, key, f"must be one of {err['ctx']['expected']}", value)
+    if kind == "string_pattern_mismatch":
+        rule = {"name": f"must be a plain name matching {NAME_PATTERN}",
+                "trial": "must be a dotted module name like trials.digits_mlp"}.get(key, "has an invalid form")
+        return ConfigError(file, key, rule, value)
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        bound = next(iter(err["ctx"].values()))
+        return ConfigError(file, key, f"must be {op} {bound}", value)
+    if kind == "value_error":
+        # Our own validators phrase the message as "<subkey>: <rule>, got <value>".
+        message = str(err["ctx"]["error"])
+        sub, _, rule = message.partition(": ")
+        return ConfigError(file, f"{key}.{sub}" if key else sub, rule)
+    return ConfigError(file, key, _TYPE_RULES.get(kind, err["msg"].lower()), value)
+
+
+def _strip_tags(loc: list[Any]) -> list[str]:
+    out = []
+    for i, part in enumerate(loc):
+        # pydantic inserts the union tag after the search_space entry name.
+        if i >= 2 and loc[0] == "search_space" and i == 2 and part in ("float", "int", "categorical"):
+            continue
+        out.append(str(part))
+    return out
+
+
+def _lookup(raw: Any, loc: list[str]) -> Any:
+    for part in loc:
+        if isinstance(raw, dict):
+            raw = raw.get(part)
+        elif isinstance(raw, list) and part.isdigit() and int(part) < len(raw):
+            raw = raw[int(part)]
+        else:
+            return None
+    return raw
+
+
+def _allowed_keys(loc: list[str], parent: Any) -> list[str]:
+    model: type[BaseModel] = StudyFile
+    for part in loc:
+        if model is StudyFile and part == "search_space":
+            return []
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif len(loc) == 2 and loc[0] == "search_space":
+            kind = parent.get("type") if isinstance(parent, dict) else None
+            model = {"float": FloatParam, "int": IntParam}.get(kind, CategoricalParam)
+            return list(model.model_fields)
+    return list(model.model_fields)
+
+
+def _check_storage(file: str, url: str | None) -> None:
+    if url is None:
+        return
+    from sqlalchemy.engine import make_url  # local: only needed when a storage is named
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(url)
+    except ArgumentError:
+        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db", url) from None
+
+
+def _load_trial_module(file: str, study: StudyFile) -> Any:
+    try:
+        module = import_trial(study.trial)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(file, "trial", f"cannot import module ({exc}); is it on the current directory or PYTHONPATH?",
+                          study.trial) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigError(file, "trial", f"importing the module raised {type(exc).__name__}: {exc}", study.trial) from None
+    problems = protocol_problems(module)
+    if problems:
+        attr, rule, value = problems[0]
+        raise ConfigError(file, "trial", f"module {study.trial} does not provide the trial protocol: {attr} {rule}",
+                          value)
+    _check_names(file, study, module)
+    return module
+
+
+def _check_names(file: str, study: StudyFile, module: Any) -> None:
+    known = list(module.HYPERPARAMETERS)
+    for section, names in (("search_space", study.search_space), ("fixed", study.fixed)):
+        for name in names:
+            if name not in known:
+                hint = difflib.get_close_matches(name, known, n=1)
+                extra = f" (did you mean {hint[0]!r}?)" if hint else f" (it understands: {', '.join(known)})"
+                raise ConfigError(file, f"{section}.{name}", f"not a hyperparameter of {study.trial}{extra}")
+    for name in study.search_space:
+        if name in study.fixed:
+            raise ConfigError(file, f"fixed.{name}", "is also in search_space; a name is either sampled or fixed")
+    metrics = list(module.METRICS)
+    if study.objective.metric not in metrics:
+        raise ConfigError(file, "objective.metric", f"must be a metric of {study.trial} (one of {', '.join(metrics)})",
+                          study.objective.metric)

@@ -1,0 +1,36 @@
+"""Exceptions that the CLI maps to exit codes and one-line messages."""
+
+from __future__ import annotations
+
+
+class SweepError(Exception):
+    """An error the user can act on; the CLI prints it without a traceback (exit 1)."""
+
+    exit_code = 1
+
+
+class ConfigError(SweepError, ValueError):
+    """A study file breaks a rule of the contract (exit 2, nothing written)."""
+
+    exit_code = 2
+
+    def __init__(self, file: str, key: str, rule: str, value: object = ...) -> None:
+        self.file, self.key, self.rule, self.value = file, key, rule, value
+        where = f"{file}: {key}: " if key else f"{file}: "
+        got = "" if value is ... else f", got {value!r}"
+        super().__init__(f"{where}{rule}{got}")
+
+
+class UsageError(SweepError):
+    """Bad command-line usage (exit 2)."""
+
+    exit_code = 2
+
+
+class Interrupted(SweepError):
+    """SIGTERM/SIGINT arrived: running trials were checkpointed and left resumable."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted by signal {signum}; run the same command to resume")

@@ -1,0 +1,213 @@
+"""One trial: restore-or-init, train, evaluate, report, prune, checkpoint, react to signals."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+import jax
+import numpy as np
+import optax
+
+from sweep.checkpoints import TrialCheckpoints, host_copy
+from sweep.config import Config
+from sweep.errors import Interrupted, SweepError
+
+log = logging.getLogger("sweep")
+
+
+class Reporter(Protocol):
+    """The part of `optuna.Trial` the loop uses."""
+
+    def report(self, value: float, step: int) -> None: ...
+
+    def should_prune(self) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    state: str  # "COMPLETE" or "PRUNED"
+    best_step: int
+    best_value: float
+    last_step: int
+
+
+class StopSignal:
+    """Turns SIGTERM/SIGINT into a flag the loop checks after every step; a second SIGINT exits at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            # Second Ctrl-C: the user wants out now. Everything already committed stays valid.
+            import os
+
+            os._exit(130)
+        self.signum = signum
+        log.warning("signal %d received: checkpointing running trials, then exiting", signum)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+
+@dataclasses.dataclass
+class _Best:
+    sign: float  # +1 minimise, -1 maximise
+    step: int | None = None
+    value: float = math.inf
+    pending: tuple[int, Any, dict[str, float]] | None = None  # (step, host copy, metrics) not yet on disk
+
+    def offer(self, step: int, value: float) -> bool:
+        if self.step is None or self.sign * value < self.sign * self.value:
+            self.step, self.value = step, value
+            return True
+        return False
+
+
+def _compile(module: Any, hp: Mapping[str, Any], tx: optax.GradientTransformation) -> tuple[Callable, Callable]:
+    def train_step(params, opt_state, key, data, step):
+        batch_key, loss_key = jax.random.split(jax.random.fold_in(key, step))
+        batch = module.batch(hp, data, batch_key)
+        loss, grads = jax.value_and_grad(lambda p: module.loss(hp, p, batch, loss_key))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def evaluate(params, data):
+        return module.evaluate(hp, params, data)
+
+    return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(evaluate)
+
+
+def run_trial(
+    config: Config,
+    number: int,
+    hp: Mapping[str, Any],
+    reporter: Reporter,
+    reported: Mapping[int, float],
+    checkpoint_dir: Path,
+    stop: StopSignal,
+    checkpoints: TrialCheckpoints | None = None,
+) -> Outcome:
+    """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
+
+    Args:
+        reported: intermediate values already stored (from before an interruption); only new
+            steps are reported again.
+        checkpoints: an opened checkpoint folder (tests and benchmarks pass their own).
+
+    Raises:
+        Interrupted: a signal arrived; the current step was checkpointed first.
+    """
+    study, module = config.study, config.trial_module
+    metric, direction = study.objective.metric, study.objective.direction
+    total, eval_every = study.train.steps, study.train.eval_every
+    ckpt = checkpoints or TrialCheckpoints(checkpoint_dir, metric, direction, study.checkpoint.keep_last,
+                                           study.checkpoint.keep_best)
+    try:
+        data = module.data(hp)
+        tx = module.optimizer(hp)
+        init_key, train_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(study.train.seed), number))
+        params = module.init(hp, init_key, data)
+        state = {"params": params, "opt_state": tx.init(params), "step": np.int64(0), "key": train_key}
+        start = ckpt.latest_step()
+        if start is not None:
+            state = ckpt.restore(start, state)
+            log.info("trial %d: resumed from step %d", number, start)
+        step = int(state["step"])
+        best = _Best(sign=1.0 if direction == "minimize" else -1.0)
+        for s, v in sorted(reported.items()):
+            if s <= step:
+                best.offer(s, v)
+        train_step, evaluate = _compile(module, hp, tx)
+        params, opt_state, key = state["params"], state["opt_state"], state["key"]
+        cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
+        evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
+        while True:
+            snapshot = lambda: host_copy(  # noqa: E731
+                {"params": params, "opt_state": opt_state, "step": np.int64(step), "key": key})
+            if step > 0 and (step % eval_every == 0 or step == total):
+                # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
+                # pruning decision at that step is made exactly as in an uninterrupted run.
+                value = _evaluate(evaluate, params, data, metric, number, step)
+                evaluated = {metric: value}
+                if step not in reported:
+                    reporter.report(value, step)
+                if best.offer(step, value) and step != start:
+                    best.pending = (step, snapshot(), evaluated)
+                if step < total and reporter.should_prune():
+                    _flush(ckpt, best, None)
+                    ckpt.wait()
+                    return Outcome("PRUNED", _best_step(best), best.value, step)
+            if step == total or cadence.due(step) or stop.signum is not None:
+                _flush(ckpt, best, (step, snapshot, evaluated))
+                cadence.saved()
+                if step == total:
+                    break
+                stop.check()
+            params, opt_state, _ = train_step(params, opt_state, key, data, np.int32(step))
+            step += 1
+            evaluated = None
+        ckpt.wait()
+        return Outcome("COMPLETE", _best_step(best), best.value, step)
+    except Interrupted:
+        ckpt.wait()
+        raise
+    finally:
+        if checkpoints is None:
+            ckpt.close()
+
+
+def _best_step(best: _Best) -> int:
+    assert best.step is not None, "the last step is always evaluated"
+    return best.step
+
+
+def _evaluate(evaluate: Callable, params: Any, data: Any, metric: str, number: int, step: int) -> float:
+    value = float(evaluate(params, data)[metric])
+    if not math.isfinite(value):
+        raise SweepError(f"trial {number}: {metric} is {value} at step {step} (non-finite); the trial failed")
+    return value
+
+
+def _flush(ckpt: TrialCheckpoints, best: _Best, current: tuple[int, Callable[[], Any], dict | None] | None) -> None:
+    """Write the best state if it is not on disk yet, then the current step (if given).
+
+    The best state waits in memory for the next save: a resumed run recomputes it bit-identically,
+    so writing it at once would buy nothing but I/O.
+    """
+    items = []
+    if best.pending is not None:
+        items.append(best.pending)
+        best.pending = None
+    if current is not None and current[0] not in (i[0] for i in items) and (
+            ckpt.last_saved is None or current[0] > ckpt.last_saved):
+        step, snapshot, metrics = current
+        items.append((step, snapshot(), metrics))
+    ckpt.save(*items)
+
+
+class _Cadence:
+    """Periodic saves every N steps and/or every T seconds, whichever comes first."""
+
+    def __init__(self, every_steps: int | None, every_seconds: float | None) -> None:
+        self.every_steps, self.every_seconds = every_steps, every_seconds
+        self.last_time = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        if self.every_steps and step > 0 and step % self.every_steps == 0:
+            return True
+        return bool(self.every_seconds) and time.monotonic() - self.last_time >= self.every_seconds
+
+    def saved(self) -> None:
+        self.last_time = time.monotonic()

@@ -1,0 +1,158 @@
+"""Which trials to skip, adopt or ask, and running them until `n_trials` are finished in total."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.claims import Claims, trial_key
+from sweep.config import Config
+from sweep.errors import Interrupted
+from sweep.runner import StopSignal, run_trial
+from sweep.study import creation_lock, load_study, open_storage, suggest_all
+
+log = logging.getLogger("sweep")
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+WAIT_POLL_S = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Claimed:
+    trial_id: int
+    number: int
+    adopted: bool
+
+
+def open_study(config: Config) -> tuple[optuna.Study, Claims]:
+    """Create or open the study and its claims table (serialised: Optuna's schema creation races)."""
+    storage = open_storage(config, create=True)
+    with creation_lock(config):
+        Claims.create_table(storage.engine)
+    study = load_study(config, storage, create=True)
+    return study, Claims(storage.engine, study._study_id)
+
+
+def run(config: Config, stop: StopSignal) -> optuna.Study:
+    """Run the study until `n_trials` trials are finished (or the timeout), resuming what was cut off.
+
+    Raises:
+        Interrupted: on SIGTERM/SIGINT, after the running trial was checkpointed.
+    """
+    study, claims = open_study(config)
+    _log_start(study, claims)
+    deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
+    claims.start_heartbeat()
+    try:
+        while True:
+            stop.check()
+            with claims.ask_lock():
+                claimed = _next_trial(config, study, claims, deadline)
+            if claimed is not None:
+                _run_claimed(config, study, claims, claimed, stop)
+            elif _others_running(study, claims) and not _past(deadline):
+                time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
+            else:
+                return study
+    finally:
+        claims.stop_heartbeat()
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _running(study: optuna.Study) -> list[FrozenTrial]:
+    return study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def _others_running(study: optuna.Study, claims: Claims) -> bool:
+    running = _running(study)
+    return bool(claims.live_owners(trial_key(t._trial_id) for t in running))
+
+
+def _next_trial(config: Config, study: optuna.Study, claims: Claims, deadline: float | None) -> Claimed | None:
+    """Adopt the lowest-numbered orphaned trial, else ask a new one while fewer than n_trials exist.
+
+    Runs under the study's ask lock, so counting and asking are one atomic step across processes.
+    Orphans go first: TPE's constant liar would otherwise bias new trials towards them.
+    """
+    running = sorted(_running(study), key=lambda t: t.number)
+    live = claims.live_owners(trial_key(t._trial_id) for t in running)
+    for t in running:
+        if trial_key(t._trial_id) not in live and claims.try_take(trial_key(t._trial_id)):
+            return Claimed(t._trial_id, t.number, adopted=True)
+    if study._storage.get_n_trials(study._study_id) >= config.study.n_trials or _past(deadline):
+        return None
+    trial = study.ask()
+    claims.try_take(trial_key(trial._trial_id))
+    trial.set_user_attr("checkpoint_dir", str(config.checkpoint_dir(trial.number)))
+    trial.set_user_attr("resumes", 0)
+    return Claimed(trial._trial_id, trial.number, adopted=False)
+
+
+def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: Claimed, stop: StopSignal) -> None:
+    key = trial_key(claimed.trial_id)
+    try:
+        frozen = study._storage.get_trial(claimed.trial_id)
+        trial = optuna.Trial(study, claimed.trial_id)
+        if claimed.adopted:
+            trial.set_user_attr("resumes", int(frozen.user_attrs.get("resumes", 0)) + 1)
+        ckpt_dir = frozen.user_attrs.get("checkpoint_dir") or str(config.checkpoint_dir(claimed.number))
+        if "checkpoint_dir" not in frozen.user_attrs:  # killed between ask and set_user_attr
+            trial.set_user_attr("checkpoint_dir", ckpt_dir)
+        params = suggest_all(config, trial)
+        if not claimed.adopted:
+            log.info("trial %d: started with params %s", claimed.number, params)
+        try:
+            outcome = run_trial(config, claimed.number, config.hyperparameters(params), trial,
+                                dict(frozen.intermediate_values), Path(ckpt_dir), stop)
+        except Interrupted:
+            log.warning("trial %d: interrupted; checkpoint saved, it resumes on the next run", claimed.number)
+            raise
+        except Exception as exc:  # a trial that raises fails alone; the study goes on
+            log.error("Trial %d failed with parameters: %s because of the following error: %r.",
+                      claimed.number, params, exc)
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            return
+        for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
+                            ("last_step", outcome.last_step)):
+            trial.set_user_attr(name, value)
+        if outcome.state == "COMPLETE":
+            study.tell(trial, outcome.best_value, skip_if_finished=True)
+        else:
+            study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+        log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
+                 config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
+    finally:
+        claims.release(key)
+
+
+def _log_start(study: optuna.Study, claims: Claims) -> None:
+    trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+    finished = [t.number for t in trials if t.state in FINISHED]
+    if finished:
+        log.info("trials %s: finished, skipped", _ranges(finished))
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    live = claims.live_owners(trial_key(t._trial_id) for t in running)
+    for t in running:
+        if trial_key(t._trial_id) not in live:
+            last = max(t.intermediate_values, default=None)
+            log.info("trial %d: interrupted (last reported step %s), will resume from its newest checkpoint",
+                     t.number, last)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start = [], None
+    numbers = sorted(numbers)
+    for i, n in enumerate(numbers):
+        start = n if start is None else start
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            out.append(str(n) if start == n else f"{start}-{n}")
+            start = None
+    return ", ".join(out)

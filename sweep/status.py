@@ -1,0 +1,96 @@
+"""`status`: what every trial of a study is doing or has done, as a table or the contract's JSON."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.checkpoints import newest_mtime
+from sweep.claims import Claims, trial_key
+from sweep.config import Config
+from sweep.study import load_study, open_storage
+
+
+def collect(config: Config) -> dict[str, Any]:
+    """The contract's `status --json` object. Reads only; creates nothing."""
+    storage = open_storage(config, create=False)
+    study = load_study(config, storage, create=False)
+    trials = storage.get_all_trials(study._study_id, deepcopy=False)
+    claims = Claims(storage.engine, study._study_id)
+    live = claims.live_owners(trial_key(t._trial_id) for t in trials if t.state == TrialState.RUNNING) \
+        if _has_claims(storage.engine) else {}
+    sign = 1 if config.study.objective.direction == "minimize" else -1
+    return {
+        "study": config.name,
+        "storage": config.storage,
+        "n_trials": config.study.n_trials,
+        "metric": config.study.objective.metric,
+        "direction": config.study.objective.direction,
+        "trials": [_entry(t, live, sign) for t in sorted(trials, key=lambda t: t.number)],
+    }
+
+
+def _has_claims(engine: Any) -> bool:
+    import sqlalchemy as sa
+
+    return sa.inspect(engine).has_table("sweep_claims")
+
+
+def _state(t: FrozenTrial, live: dict[str, str]) -> str:
+    if t.state == TrialState.RUNNING:
+        return "RUNNING" if trial_key(t._trial_id) in live else "INTERRUPTED"
+    return t.state.name
+
+
+def _entry(t: FrozenTrial, live: dict[str, str], sign: int) -> dict[str, Any]:
+    attrs = t.user_attrs
+    values = t.intermediate_values
+    # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
+    best_step = attrs.get("best_step", min(values, key=lambda s: (sign * values[s], s)) if values else None)
+    return {
+        "number": t.number,
+        "state": _state(t, live),
+        "params": t.params,
+        "value": t.value,
+        "best_step": best_step,
+        "best_value": attrs.get("best_value", values.get(best_step) if best_step is not None else None),
+        "last_step": attrs.get("last_step", max(values, default=None)),
+        "checkpoint_dir": attrs.get("checkpoint_dir"),
+        "resumes": int(attrs.get("resumes", 0)),
+    }
+
+
+def table(status: dict[str, Any]) -> str:
+    """A fixed-width table, sorted by number, with the best trial marked by '*'."""
+    complete = [t for t in status["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
+    sign = 1 if status["direction"] == "minimize" else -1
+    best = min(complete, key=lambda t: sign * t["value"])["number"] if complete else None
+    names = sorted({k for t in status["trials"] for k in t["params"]})
+    head = ["", "number", "state", *names, status["metric"], "best_step", "last_step", "resumes", "ckpt_age"]
+    rows = [head]
+    now = time.time()
+    for t in status["trials"]:
+        mtime = newest_mtime(t["checkpoint_dir"]) if t["checkpoint_dir"] else None
+        rows.append(["*" if t["number"] == best else "", str(t["number"]), t["state"],
+                     *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]), _fmt(t["best_step"]),
+                     _fmt(t["last_step"]), str(t["resumes"]), _age(now - mtime) if mtime else "-"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    n_done = sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in status["trials"])
+    lines.insert(0, f"study {status['study']}: {n_done}/{status['n_trials']} trials finished ({status['storage']})")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"

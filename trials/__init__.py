@@ -1,0 +1,1 @@
+"""Training code of trials; `trials.digits_mlp` is the built-in example."""
