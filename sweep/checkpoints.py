@@ -102,10 +102,18 @@ class TrialCheckpoints:
         return list(self._manager.all_steps())
 
 
+def _step_dirs(directory: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
+    try:
+        return [e for e in os.scandir(directory) if e.is_dir() and e.name.isdigit()]
+    except OSError:
+        return []
+
+
 def newest_mtime(directory: str | os.PathLike[str]) -> float | None:
     """mtime of the newest committed step folder, without opening a manager (for status)."""
-    try:
-        entries = [e for e in os.scandir(directory) if e.is_dir() and e.name.isdigit()]
-    except OSError:
-        return None
-    return max((e.stat().st_mtime for e in entries), default=None)
+    return max((e.stat().st_mtime for e in _step_dirs(directory)), default=None)
+
+
+def newest_step(directory: str | os.PathLike[str]) -> int | None:
+    """The newest committed step (uncommitted saves are `<step>.orbax-checkpoint-tmp`), without Orbax."""
+    return max((int(e.name) for e in _step_dirs(directory)), default=None)

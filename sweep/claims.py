@@ -32,12 +32,18 @@ claims_table = sa.Table(
 
 
 def _start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid`, so a recycled pid is not taken for the old process."""
+    """The kernel's start time of a live `pid`, so a recycled pid is not taken for the old process.
+
+    A killed process whose parent has not reaped it yet (a zombie, common in containers) is dead.
+    """
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
         return None
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 def my_owner() -> str:

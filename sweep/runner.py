@@ -119,7 +119,7 @@ def run_trial(
         tx = module.optimizer(hp)
         init_key, train_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(study.train.seed), number))
         params = module.init(hp, init_key, data)
-        state = {"params": params, "opt_state": tx.init(params), "step": np.int64(0), "key": train_key}
+        state = {"params": params, "opt_state": tx.init(params), "step": np.zeros((), np.int32), "key": train_key}
         start = ckpt.latest_step()
         if start is not None:
             state = ckpt.restore(start, state)
@@ -135,7 +135,7 @@ def run_trial(
         evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
         while True:
             snapshot = lambda: host_copy(  # noqa: E731
-                {"params": params, "opt_state": opt_state, "step": np.int64(step), "key": key})
+                {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32), "key": key})
             if step > 0 and (step % eval_every == 0 or step == total):
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.

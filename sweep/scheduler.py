@@ -10,6 +10,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.checkpoints import newest_step
 from sweep.claims import Claims, trial_key
 from sweep.config import Config
 from sweep.errors import Interrupted
@@ -141,9 +142,9 @@ def _log_start(study: optuna.Study, claims: Claims) -> None:
     live = claims.live_owners(trial_key(t._trial_id) for t in running)
     for t in running:
         if trial_key(t._trial_id) not in live:
-            last = max(t.intermediate_values, default=None)
-            log.info("trial %d: interrupted (last reported step %s), will resume from its newest checkpoint",
-                     t.number, last)
+            step = newest_step(t.user_attrs.get("checkpoint_dir", ""))
+            where = f"its newest checkpoint, step {step}" if step is not None else "step 0 (no checkpoint yet)"
+            log.info("trial %d: interrupted, will resume from %s", t.number, where)
 
 
 def _ranges(numbers: list[int]) -> str:

@@ -65,7 +65,8 @@ def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[
     for key in kwargs:
         if key not in accepted:
             hint = difflib.get_close_matches(key, accepted, n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else f" (accepted: {', '.join(accepted)})"
+            extra = (f" (did you mean {hint[0]!r}?)" if hint else
+                     f" (accepted: {', '.join(accepted)})" if accepted else " (it takes no arguments)")
             raise ConfigError(file, f"{kind}.{key}", f"not an argument of optuna.{kind}s.{cls.__name__}{extra}")
     try:
         return cls(**kwargs)

@@ -1,0 +1,166 @@
+"""Fixtures: study files in a temp dir, the real CLI in a subprocess, and study snapshots."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A fast digits study: ~1 s per trial on 2 cores, with evaluations, saves and a pruner to exercise.
+BASE_STUDY: dict[str, Any] = {
+    "name": "t",
+    "trial": "trials.digits_mlp",
+    "n_trials": 4,
+    "objective": {"metric": "val_loss", "direction": "minimize"},
+    "sampler": {"type": "tpe", "seed": 7, "n_startup_trials": 2},
+    "pruner": {"type": "median", "n_startup_trials": 2, "n_warmup_steps": 300},
+    "search_space": {
+        "learning_rate": {"type": "float", "low": 1.0e-3, "high": 1.0e-1, "log": True},
+        "hidden": {"type": "int", "low": 16, "high": 64, "step": 16},
+    },
+    "fixed": {"batch_size": 32},
+    "train": {"steps": 600, "eval_every": 50, "seed": 0},
+    "checkpoint": {"every_steps": 100, "keep_last": 2, "keep_best": 1},
+}
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in override.items():
+        # A mapping with its own `type` (sampler, pruner, param) replaces the old one whole.
+        nested = isinstance(v, dict) and isinstance(out.get(k), dict) and "type" not in v
+        out[k] = merge(out[k], v) if nested else v
+    return out
+
+
+@pytest.fixture
+def write_study(tmp_path: Path) -> Callable[..., Path]:
+    """write_study(name="x", **overrides) -> path of a study file whose workdir is under tmp_path."""
+
+    def write(file: str = "study.yaml", **override: Any) -> Path:
+        data = merge(BASE_STUDY, override)
+        data.setdefault("workdir", str(tmp_path / "runs" / data["name"]))
+        path = tmp_path / file
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return write
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd, env=cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class Running:
+    """A `python -m sweep ...` process whose stderr is collected line by line while it runs."""
+
+    def __init__(self, *args: str, cwd: Path | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd, env=cli_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.stdout = ""
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                m = re.search(pattern, line)
+                if m:
+                    return m
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.01)
+        raise AssertionError(f"no line matching {pattern!r}; stderr:\n{''.join(self.lines)}")
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+    def finish(self, timeout: float = 600) -> int:
+        # stderr belongs to the reader thread; communicate() would steal some of its lines.
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout.read()
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+
+def kill9(proc: Running) -> None:
+    proc.signal(signal.SIGKILL)
+    proc.finish()
+
+
+def wait_for_checkpoint(ckpt_dir: Path, min_step: int, timeout: float = 300) -> int:
+    """Wait until a committed step >= min_step exists in ckpt_dir; returns the newest step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = [int(p.name) for p in ckpt_dir.glob("*") if p.name.isdigit()] if ckpt_dir.exists() else []
+        if steps and max(steps) >= min_step:
+            return max(steps)
+        time.sleep(0.005)
+    raise AssertionError(f"no checkpoint >= {min_step} in {ckpt_dir}")
+
+
+def study_of(study_file: Path) -> optuna.Study:
+    data = yaml.safe_load(study_file.read_text())
+    storage = data.get("storage") or f"sqlite:///{data['workdir']}/study.db"
+    return optuna.load_study(study_name=data["name"], storage=storage)
+
+
+def snapshot(study_file: Path) -> list[tuple[Any, ...]]:
+    """Everything that must be bit-identical between an interrupted and an uninterrupted study."""
+    return [
+        (t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
+         t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"))
+        for t in sorted(study_of(study_file).trials, key=lambda t: t.number)
+    ]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[tuple[Any, ...]]]:
+    """reference(**overrides) -> snapshot of an uninterrupted run of BASE_STUDY + overrides (cached)."""
+    cache: dict[str, list[tuple[Any, ...]]] = {}
+
+    def get(**override: Any) -> list[tuple[Any, ...]]:
+        key = repr(sorted(override.items()))
+        if key not in cache:
+            d = tmp_path_factory.mktemp("reference")
+            data = merge(BASE_STUDY, override)
+            data["workdir"] = str(d / "runs")
+            path = d / "study.yaml"
+            path.write_text(yaml.safe_dump(data, sort_keys=False))
+            result = run_cli("run", path, cwd=d)
+            assert result.returncode == 0, result.stderr
+            cache[key] = snapshot(path)
+        return cache[key]
+
+    return get
