@@ -179,7 +179,9 @@ def load(path: str | os.PathLike[str]) -> Config:
     try:
         study = StudyFile.model_validate(raw)
     except ValidationError as exc:
-        raise _translate(file, exc.errors()[0], raw) from None
+        # A typo'd key also makes its intended key "missing": report the typo, the root cause.
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        raise _translate(file, errors[0], raw) from None
     _check_storage(file, study.storage)
     module = _load_trial_module(file, study)
     return Config(Path(file), study, module)
@@ -232,8 +234,7 @@ def _translate(file: str, err: dict[str, Any], raw: Any) -> ConfigError:
     key = ".".join(loc)
     kind, value = err["type"], err.get("input", ...)
     if kind == "extra_forbidden":
-        parent = _lookup(raw, loc[:-1])
-        allowed = _allowed_keys(loc[:-1], parent)
+        allowed = _allowed_keys(tuple(err["loc"]))
         hint = difflib.get_close_matches(loc[-1], allowed, n=1)
         rule = f"unknown key (did you mean {hint[0]!r}?)" if hint else f"unknown key (allowed: {', '.join(allowed)})"
         return ConfigError(file, key, rule)
@@ -250,7 +251,7 @@ def _translate(file: str, err: dict[str, Any], raw: Any) -> ConfigError:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         bound = next(iter(err["ctx"].values()))
-        return ConfigError(file, key, f"must be {op} {bound}", value)
+        return ConfigError(file, key, f"must be {op} {bound:g}", value)
     if kind == "value_error":
         # Our own validators phrase the message as "<subkey>: <rule>, got <value>".
         message = str(err["ctx"]["error"])
@@ -280,19 +281,17 @@ def _lookup(raw: Any, loc: list[str]) -> Any:
     return raw
 
 
-def _allowed_keys(loc: list[str], parent: Any) -> list[str]:
+def _allowed_keys(raw_loc: tuple[Any, ...]) -> list[str]:
+    """Keys allowed in the mapping holding the unknown key at `raw_loc` (pydantic's, with union tags)."""
+    params = {"float": FloatParam, "int": IntParam, "categorical": CategoricalParam}
+    if raw_loc[0] == "search_space" and len(raw_loc) == 4:
+        return list(params[raw_loc[2]].model_fields)
     model: type[BaseModel] = StudyFile
-    for part in loc:
-        if model is StudyFile and part == "search_space":
+    for part in raw_loc[:-1]:
+        annotation = getattr(model.model_fields.get(str(part)), "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
-        field = model.model_fields.get(part)
-        annotation = getattr(field, "annotation", None)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-        elif len(loc) == 2 and loc[0] == "search_space":
-            kind = parent.get("type") if isinstance(parent, dict) else None
-            model = {"float": FloatParam, "int": IntParam}.get(kind, CategoricalParam)
-            return list(model.model_fields)
+        model = annotation
     return list(model.model_fields)
 
 

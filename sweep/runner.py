@@ -89,22 +89,28 @@ def _compile(module: Any, hp: Mapping[str, Any], tx: optax.GradientTransformatio
     return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(evaluate)
 
 
+def open_checkpoints(config: Config, directory: Path) -> TrialCheckpoints:
+    c, objective = config.study.checkpoint, config.study.objective
+    return TrialCheckpoints(directory, objective.metric, objective.direction, c.keep_last, c.keep_best)
+
+
 def run_trial(
     config: Config,
     number: int,
     hp: Mapping[str, Any],
     reporter: Reporter,
     reported: Mapping[int, float],
-    checkpoint_dir: Path,
+    ckpt: TrialCheckpoints,
     stop: StopSignal,
-    checkpoints: TrialCheckpoints | None = None,
 ) -> Outcome:
     """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
+
+    The last save may still be in flight on return: the caller records the outcome meanwhile and
+    calls `ckpt.wait()` before telling Optuna the trial is finished.
 
     Args:
         reported: intermediate values already stored (from before an interruption); only new
             steps are reported again.
-        checkpoints: an opened checkpoint folder (tests and benchmarks pass their own).
 
     Raises:
         Interrupted: a signal arrived; the current step was checkpointed first.
@@ -112,8 +118,6 @@ def run_trial(
     study, module = config.study, config.trial_module
     metric, direction = study.objective.metric, study.objective.direction
     total, eval_every = study.train.steps, study.train.eval_every
-    ckpt = checkpoints or TrialCheckpoints(checkpoint_dir, metric, direction, study.checkpoint.keep_last,
-                                           study.checkpoint.keep_best)
     try:
         data = module.data(hp)
         tx = module.optimizer(hp)
@@ -147,7 +151,6 @@ def run_trial(
                     best.pending = (step, snapshot(), evaluated)
                 if step < total and reporter.should_prune():
                     _flush(ckpt, best, None)
-                    ckpt.wait()
                     return Outcome("PRUNED", _best_step(best), best.value, step)
             if step == total or cadence.due(step) or stop.signum is not None:
                 _flush(ckpt, best, (step, snapshot, evaluated))
@@ -158,14 +161,10 @@ def run_trial(
             params, opt_state, _ = train_step(params, opt_state, key, data, np.int32(step))
             step += 1
             evaluated = None
-        ckpt.wait()
         return Outcome("COMPLETE", _best_step(best), best.value, step)
     except Interrupted:
         ckpt.wait()
         raise
-    finally:
-        if checkpoints is None:
-            ckpt.close()
 
 
 def _best_step(best: _Best) -> int:

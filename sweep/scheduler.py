@@ -14,7 +14,7 @@ from sweep.checkpoints import newest_step
 from sweep.claims import Claims, trial_key
 from sweep.config import Config
 from sweep.errors import Interrupted
-from sweep.runner import StopSignal, run_trial
+from sweep.runner import StopSignal, open_checkpoints, run_trial
 from sweep.study import creation_lock, load_study, open_storage, suggest_all
 
 log = logging.getLogger("sweep")
@@ -109,9 +109,15 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
         params = suggest_all(config, trial)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
+        ckpt = open_checkpoints(config, Path(ckpt_dir))
         try:
             outcome = run_trial(config, claimed.number, config.hyperparameters(params), trial,
-                                dict(frozen.intermediate_values), Path(ckpt_dir), stop)
+                                dict(frozen.intermediate_values), ckpt, stop)
+            # Recorded while the final save is still being written; told only once it is on disk.
+            for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
+                                ("last_step", outcome.last_step)):
+                trial.set_user_attr(name, value)
+            ckpt.wait()
         except Interrupted:
             log.warning("trial %d: interrupted; checkpoint saved, it resumes on the next run", claimed.number)
             raise
@@ -120,9 +126,8 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
                       claimed.number, params, exc)
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             return
-        for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
-                            ("last_step", outcome.last_step)):
-            trial.set_user_attr(name, value)
+        finally:
+            ckpt.close()
         if outcome.state == "COMPLETE":
             study.tell(trial, outcome.best_value, skip_if_finished=True)
         else:

@@ -1,0 +1,99 @@
+"""Wall time of the example study with its checkpoint settings vs the same study with checkpointing off.
+
+Whole studies (Optuna, compilation, training, evaluation, saves) run in this one process in ABBA
+order (on, off, off, on, ...), each in a fresh workdir, so drift and caches hit both sides alike.
+"Off" swaps the trial's checkpoint folder for one whose saves and restores do nothing. Both sides
+compute bit-identical trials (checked). Prints the ratio; issue target <= 1.05.
+
+    python benchmarks/checkpoint_overhead.py [--study studies/digits_mlp.yaml] [--rounds 2] [--n-trials N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sweep import config as config_lib  # noqa: E402
+from sweep import scheduler  # noqa: E402
+from sweep.runner import StopSignal  # noqa: E402
+
+
+class NoCheckpoints:
+    """Checkpointing off: saves and restores do nothing."""
+
+    last_saved = None
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def latest_step(self):
+        return None
+
+    def save(self, *items):
+        pass
+
+    def wait(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
+    config = config_lib.load(args.study)
+    config.workdir = tmp / f"{side}_{index}"
+    config.storage = f"sqlite:///{config.workdir / 'study.db'}"
+    if args.n_trials:
+        config.study = config.study.model_copy(update={"n_trials": args.n_trials})
+    original = scheduler.open_checkpoints
+    scheduler.open_checkpoints = (lambda config, directory: NoCheckpoints()) if side == "off" else original
+    try:
+        t0 = time.perf_counter()
+        study = scheduler.run(config, StopSignal())
+        elapsed = time.perf_counter() - t0
+    finally:
+        scheduler.open_checkpoints = original
+    return elapsed, [(t.params, t.value, t.intermediate_values) for t in study.trials]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--study", default="studies/digits_mlp.yaml")
+    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs the study twice per side)")
+    ap.add_argument("--n-trials", type=int, default=None)
+    args = ap.parse_args()
+    logging.getLogger("sweep").setLevel(logging.WARNING)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        # Untimed warm-up of both sides: the first study pays XLA compilation and one-off imports.
+        for side in ("on", "off"):
+            print(f"warm-up {side:>3}: {run_study(args, side, Path(tmp), -1 if side == 'on' else -2)[0]:7.2f} s")
+        for r in range(args.rounds):
+            for i, side in enumerate(("on", "off", "off", "on")):
+                elapsed, trials = run_study(args, side, Path(tmp), 4 * r + i)
+                times[side].append(elapsed)
+                results.setdefault(side, trials)
+                assert trials == results[side], "a study differed between repetitions"
+                print(f"round {r} {side:>3}: {elapsed:7.2f} s")
+    assert results["on"] == results["off"], "checkpointing changed the results"
+    c = config_lib.load(args.study).study
+    print(f"study {args.study}: n_trials={args.n_trials or c.n_trials} steps={c.train.steps} "
+          f"checkpoint every_steps={c.checkpoint.every_steps} every_seconds={c.checkpoint.every_seconds} "
+          f"keep_last={c.checkpoint.keep_last} keep_best={c.checkpoint.keep_best}")
+    on, off = sum(times["on"]), sum(times["off"])
+    print(f"total on {on:.2f} s, off {off:.2f} s")
+    print(f"ratio on/off: {on / off:.3f}  (target <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()
