@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import traceback
 
-from sweep.errors import SweepError
+from sweep.errors import SweepError, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,26 +27,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class _ArgumentError(SweepError):
-    exit_code = 2
-
-
-def _setup_logging(quiet: bool, verbose: bool) -> None:
-    level = logging.WARNING if quiet else logging.INFO
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[sweep %(asctime)s] %(message)s", "%H:%M:%S"))
-    log = logging.getLogger("sweep")
-    log.handlers[:] = [handler]
-    log.setLevel(level)
-    log.propagate = False
-    import optuna
-
-    optuna.logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
-    if not verbose:
-        logging.getLogger("absl").setLevel(logging.ERROR)
-        logging.getLogger("jax").setLevel(logging.ERROR)
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from sweep import config as config_lib
     from sweep.study import check_config
@@ -55,16 +34,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = config_lib.load(args.study_file)
     n_jobs = args.n_jobs if args.n_jobs is not None else config.study.parallel.n_jobs
     if n_jobs < 1:
-        raise _ArgumentError(f"--n-jobs: must be >= 1, got {n_jobs}")
+        raise UsageError(f"--n-jobs: must be >= 1, got {n_jobs}")
     check_config(config)
-    _setup_logging(args.quiet, args.verbose)
-    from sweep import summary
+    from sweep import logs, summary
+
+    logs.setup(args.quiet, args.verbose)
     from sweep.runner import StopSignal
     from sweep.workers import run_workers
 
     stop = StopSignal()
     stop.install()
-    study = run_workers(config, n_jobs, stop)
+    study = run_workers(config, n_jobs, stop, quiet=args.quiet, verbose=args.verbose)
     print(summary.text(config, study))
     return 0
 

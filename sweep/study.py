@@ -58,10 +58,12 @@ def _grid(config: Config) -> dict[str, list[Any]]:
     return grid
 
 
-def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[str, Any], file: str) -> Any:
+def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[str, Any], file: str,
+               **internal: Any) -> Any:
+    """Build an Optuna sampler/pruner from the study file's keys (checked by name) plus sweep's own."""
     module = optuna.samplers if kind == "sampler" else optuna.pruners
     cls = getattr(module, classes[type_name])
-    accepted = [p for p in inspect.signature(cls).parameters if p not in ("self", "search_space")]
+    accepted = [p for p in inspect.signature(cls).parameters if p not in ("self", *internal)]
     for key in kwargs:
         if key not in accepted:
             hint = difflib.get_close_matches(key, accepted, n=1)
@@ -69,7 +71,7 @@ def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[
                      f" (accepted: {', '.join(accepted)})" if accepted else " (it takes no arguments)")
             raise ConfigError(file, f"{kind}.{key}", f"not an argument of optuna.{kind}s.{cls.__name__}{extra}")
     try:
-        return cls(**kwargs)
+        return cls(**kwargs, **internal)
     except ImportError as exc:
         raise ConfigError(file, f"{kind}.type", f"needs a package that is not installed ({exc})", type_name) from None
     except (TypeError, ValueError) as exc:
@@ -78,10 +80,11 @@ def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[
 
 def build_sampler(config: Config) -> BaseSampler:
     s = config.study.sampler
-    kwargs = {**s.kwargs, "seed": s.seed}
+    internal: dict[str, Any] = {"seed": s.seed}
     if s.type == "grid":
-        kwargs["search_space"] = _grid(config)
-    return RestartProofSampler(_construct("sampler", SAMPLER_CLASSES, s.type, kwargs, str(config.path)), s.seed)
+        internal["search_space"] = _grid(config)
+    inner = _construct("sampler", SAMPLER_CLASSES, s.type, s.kwargs, str(config.path), **internal)
+    return RestartProofSampler(inner, s.seed)
 
 
 def build_pruner(config: Config) -> optuna.pruners.BasePruner:
@@ -133,7 +136,13 @@ class RestartProofSampler(BaseSampler):
         self.inner.before_trial(study, trial)
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: Any, values: Sequence[float] | None) -> None:
-        self.inner.after_trial(study, trial, state, values)
+        try:
+            self.inner.after_trial(study, trial, state, values)
+        except RuntimeError as exc:
+            # GridSampler calls study.stop() once its grid is exhausted, which Optuna allows only
+            # inside study.optimize; sweep ends the study by n_trials instead.
+            if "Study.stop" not in str(exc):
+                raise
 
     def reseed_rng(self) -> None:
         """Deliberately nothing: randomness comes from (seed, number, param) only."""

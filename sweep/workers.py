@@ -9,21 +9,25 @@ from sweep.config import Config
 from sweep.runner import StopSignal
 
 
-def _worker(study_file: str) -> None:
+def _worker(study_file: str, quiet: bool, verbose: bool) -> None:
     # Each worker is a full scheduler: claims in the database keep every trial to one worker.
     from sweep import config as config_lib
+    from sweep import logs
 
+    logs.setup(quiet, verbose)
     stop = StopSignal()
     stop.install()
     scheduler.run(config_lib.load(study_file), stop)
 
 
-def run_workers(config: Config, n_jobs: int, stop: StopSignal) -> optuna.Study:
+def run_workers(config: Config, n_jobs: int, stop: StopSignal, quiet: bool = False,
+                verbose: bool = False) -> optuna.Study:
     """Run until the study is done; returns the study (opened in this process)."""
     if n_jobs == 1:
         return scheduler.run(config, stop)
     import joblib
 
-    joblib.Parallel(n_jobs=n_jobs, backend="loky")(joblib.delayed(_worker)(str(config.path)) for _ in range(n_jobs))
+    joblib.Parallel(n_jobs=n_jobs, backend="loky")(
+        joblib.delayed(_worker)(str(config.path), quiet, verbose) for _ in range(n_jobs))
     study, _ = scheduler.open_study(config)
     return study

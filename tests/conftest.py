@@ -39,8 +39,10 @@ BASE_STUDY: dict[str, Any] = {
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in override.items():
-        # A mapping with its own `type` (sampler, pruner, param) replaces the old one whole.
-        nested = isinstance(v, dict) and isinstance(out.get(k), dict) and "type" not in v
+        # A mapping with its own `type` (sampler, pruner, param), a search space or fixed values
+        # replace the old one whole; other mappings (train, checkpoint) are merged key by key.
+        nested = (isinstance(v, dict) and isinstance(out.get(k), dict) and "type" not in v
+                  and k not in ("search_space", "fixed"))
         out[k] = merge(out[k], v) if nested else v
     return out
 

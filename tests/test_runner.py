@@ -1,0 +1,73 @@
+"""The trial loop's failure paths: a trial that raises or reports a non-finite metric fails alone."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+
+from conftest import Running, run_cli, study_of
+
+FLAKY_TRIAL = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, optax
+
+    HYPERPARAMETERS = {"mode": "ok", "learning_rate": 0.05}
+    METRICS = ("val_loss",)
+
+    def data(hp):
+        rng = np.random.RandomState(0)
+        x = rng.normal(size=(256, 4)).astype(np.float32)
+        return {"x": x, "y": x.sum(1)}
+
+    def init(hp, key, data):
+        if hp["mode"] == "raise":
+            raise RuntimeError("init exploded")
+        return {"w": jnp.zeros(4)}
+
+    def optimizer(hp):
+        return optax.sgd(hp["learning_rate"])
+
+    def batch(hp, data, key):
+        return data["x"], data["y"]
+
+    def loss(hp, params, batch, key):
+        x, y = batch
+        return jnp.mean((x @ params["w"] - y) ** 2)
+
+    def evaluate(hp, params, data):
+        value = loss(hp, params, (data["x"], data["y"]), None)
+        return {"val_loss": jnp.nan * value if hp["mode"] == "nan" else value}
+''')
+
+
+def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_study):
+    study = write_study(trial="flaky_trial", n_trials=3, sampler={"type": "grid", "seed": 0},
+                        pruner={"type": "none"}, fixed={},
+                        search_space={"mode": {"type": "categorical", "choices": ["ok", "raise", "nan"]}},
+                        train={"steps": 100, "eval_every": 50})
+    (study.parent / "flaky_trial.py").write_text(FLAKY_TRIAL)
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    states = {t.params["mode"]: t.state.name for t in study_of(study).trials}
+    assert states == {"ok": "COMPLETE", "raise": "FAIL", "nan": "FAIL"}
+    assert "failed with parameters: {'mode': 'raise'} because of the following error: RuntimeError('init exploded')" \
+        in result.stderr
+    assert "val_loss is nan at step 50 (non-finite)" in result.stderr
+    assert "Traceback" not in result.stderr
+    # FAIL is finished: a re-run skips it rather than retraining.
+    again = run_cli("run", study, cwd=study.parent)
+    assert again.returncode == 0 and "trials 0-2: finished, skipped" in again.stderr
+
+
+def test_sigint_checkpoints_and_exits_130_resumable(write_study):
+    study = write_study(n_trials=2, train={"steps": 3000})
+    proc = Running("run", study, cwd=study.parent)
+    proc.wait_for(r"trial 0: started")
+    proc.signal(signal.SIGINT)
+    assert proc.finish(timeout=60) == 130
+    assert "Traceback" not in proc.stderr and "interrupted" in proc.stderr
+    trial = study_of(study).trials[0]
+    assert trial.state.name == "RUNNING"  # resumable: never FAIL, never COMPLETE
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    assert "trial 0: resumed from step" in result.stderr
+    assert [t.state.name for t in study_of(study).trials] in (["COMPLETE", "COMPLETE"], ["COMPLETE", "PRUNED"])
