@@ -7,7 +7,7 @@ import json
 import sys
 import traceback
 
-from sweep.errors import SweepError, UsageError
+from sweep.errors import Interrupted, SweepError, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return {"run": _cmd_run, "status": _cmd_status}[args.command](args)
+    except Interrupted as exc:
+        print(f"sweep: {exc}", file=sys.stderr)
+        return exc.exit_code
     except SweepError as exc:
         if args.debug:
             traceback.print_exc()

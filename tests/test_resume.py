@@ -170,3 +170,13 @@ def test_status_of_missing_study_is_a_clear_error(write_study, tmp_path):
     assert result.returncode == 1
     assert "not found" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_timeout_stops_asking_new_trials_and_rerun_continues(write_study, reference):
+    study = write_study(timeout=0.5)
+    first = run_cli("run", study, cwd=study.parent)
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"study t: [1-3]/4 trials finished", first.stdout)  # the running trial finished
+    study = write_study()  # same study without the timeout
+    _finish(study)
+    assert snapshot(study) == reference()
