@@ -24,6 +24,11 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="what every trial is doing / has done")
     status.add_argument("study_file", metavar="STUDY.yaml")
     status.add_argument("--json", action="store_true", help="machine-readable output (see CONTRACT)")
+    export = sub.add_parser("export", help="write every finished trial's best checkpoint as safetensors + JSON")
+    export.add_argument("study_file", metavar="STUDY.yaml")
+    export.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    export.add_argument("--trial", type=int, default=None, metavar="N", help="export only trial N")
+    export.add_argument("--include-pruned", action="store_true", help="also export PRUNED trials")
     return p
 
 
@@ -59,6 +64,23 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sweep import config as config_lib
+    from sweep import logs
+    from sweep.export import export
+
+    config = config_lib.load(args.study_file)
+    logs.setup(quiet=True)
+    index = export(config, Path(args.out), trial=args.trial, include_pruned=args.include_pruned)
+    for entry in index["trials"]:
+        print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']} "
+              f"-> {Path(args.out) / entry['dir']}")
+    print(f"exported {len(index['trials'])} trial(s) of study {config.name} to {args.out} (best first, index.json)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -66,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed usage; its code is 2 for errors, 0 for --help
         return int(exc.code or 0)
     try:
-        return {"run": _cmd_run, "status": _cmd_status}[args.command](args)
+        return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export}[args.command](args)
     except Interrupted as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -32,7 +32,8 @@ class TrialCheckpoints:
     Keeps the newest `keep_last` steps plus the best `keep_best` by `metric`.
     """
 
-    def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int) -> None:
+    def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int,
+                 read_only: bool = False) -> None:
         self.directory = Path(directory)
         best_fn = lambda metrics: float(metrics[metric])  # noqa: E731
         # Orbax's `max_to_keep` together with `best_fn` deletes the *newest* steps when they are not
@@ -49,8 +50,9 @@ class TrialCheckpoints:
             # Our own background thread writes host copies; Orbax's async mode would block the
             # training thread longer (it serialises device arrays before returning).
             enable_async_checkpointing=False,
-            cleanup_tmp_directories=True,  # a kill -9 mid-save leaves <step>.orbax-checkpoint-tmp
-            create=True,
+            cleanup_tmp_directories=not read_only,  # a kill -9 mid-save leaves <step>.orbax-checkpoint-tmp
+            create=not read_only,
+            read_only=read_only,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
@@ -100,6 +102,17 @@ class TrialCheckpoints:
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
+
+
+def restore_params(directory: str | os.PathLike[str], step: int) -> Any:
+    """The params of a committed step as numpy arrays, read-only and without a template."""
+    if not (Path(directory) / str(step)).is_dir():
+        raise FileNotFoundError(f"no checkpoint for step {step} in {directory}")
+    manager = ocp.CheckpointManager(Path(directory), options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+        return jax.tree.map(np.asarray, manager.restore(step, args=ocp.args.StandardRestore())["params"])
+    finally:
+        manager.close()
 
 
 def _step_dirs(directory: str | os.PathLike[str]) -> list[os.DirEntry[str]]:

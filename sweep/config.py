@@ -112,7 +112,7 @@ class Checkpoint(_Model):
     every_steps: Annotated[int, Field(ge=1)] | None = None
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
     keep_last: Annotated[int, Field(ge=1)] = 2
-    keep_best: Annotated[int, Field(ge=0)] = 1
+    keep_best: Annotated[int, Field(ge=1)] = 1  # the contract keeps the best state, always
 
 
 class Parallel(_Model):

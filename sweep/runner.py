@@ -89,6 +89,16 @@ def _compile(module: Any, hp: Mapping[str, Any], tx: optax.GradientTransformatio
     return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(evaluate)
 
 
+def initial_state(config: Config, number: int, hp: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    """(fresh training state, data, optimizer) of trial `number`; also the template to restore into."""
+    module = config.trial_module
+    data = module.data(hp)
+    tx = module.optimizer(hp)
+    init_key, train_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(config.study.train.seed), number))
+    params = module.init(hp, init_key, data)
+    return {"params": params, "opt_state": tx.init(params), "step": np.zeros((), np.int32), "key": train_key}, data, tx
+
+
 def open_checkpoints(config: Config, directory: Path) -> TrialCheckpoints:
     c, objective = config.study.checkpoint, config.study.objective
     return TrialCheckpoints(directory, objective.metric, objective.direction, c.keep_last, c.keep_best)
@@ -119,11 +129,7 @@ def run_trial(
     metric, direction = study.objective.metric, study.objective.direction
     total, eval_every = study.train.steps, study.train.eval_every
     try:
-        data = module.data(hp)
-        tx = module.optimizer(hp)
-        init_key, train_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(study.train.seed), number))
-        params = module.init(hp, init_key, data)
-        state = {"params": params, "opt_state": tx.init(params), "step": np.zeros((), np.int32), "key": train_key}
+        state, data, tx = initial_state(config, number, hp)
         start = ckpt.latest_step()
         if start is not None:
             state = ckpt.restore(start, state)

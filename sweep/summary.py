@@ -5,6 +5,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
+from sweep.best import best_test_metrics
 from sweep.config import Config
 
 
@@ -24,4 +25,8 @@ def text(config: Config, study: optuna.Study) -> str:
     lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
     lines.append(f"params: {best.params}")
     lines.append(f"checkpoints: {best.user_attrs.get('checkpoint_dir')}")
+    test = best_test_metrics(config, study)
+    if test is not None:
+        scores = ", ".join(f"{k}={v!r}" for k, v in sorted(test["metrics"].items()))
+        lines.append(f"test (trial {test['trial']}, best checkpoint step {test['step']}): {scores}")
     return "\n".join(lines)

@@ -81,6 +81,7 @@ BAD = [
     ("unknown-metric", {"objective": {"metric": "accuracy"}},
      ["objective.metric: must be a metric of trials.digits_mlp (one of val_loss, val_accuracy), got 'accuracy'"]),
     ("keep-last-zero", {"checkpoint": {"keep_last": 0}}, ["checkpoint.keep_last: must be >= 1, got 0"]),
+    ("keep-best-zero", {"checkpoint": {"keep_best": 0}}, ["checkpoint.keep_best: must be >= 1, got 0"]),
     ("every-seconds-zero", {"checkpoint": {"every_seconds": 0}}, ["checkpoint.every_seconds: must be > 0, got 0"]),
     ("n-jobs-zero", {"parallel": {"n_jobs": 0}}, ["parallel.n_jobs: must be >= 1, got 0"]),
     ("bad-storage-url", {"storage": "not a url"}, ["storage: must be an SQLAlchemy database URL", "'not a url'"]),

@@ -41,3 +41,27 @@ def test_readme_commands_are_the_ci_commands():
     assert test_cmd in ci
     assert "python -m sweep run studies/digits_mlp.yaml" in README
     assert (REPO / "studies" / "digits_mlp.yaml").is_file()
+
+
+def test_readme_export_and_load_example_runs(tmp_path):
+    import yaml
+
+    (tmp_path / "studies").mkdir()
+    study = yaml.safe_load((REPO / "studies" / "digits_mlp.yaml").read_text())
+    study.update(n_trials=2, train={"steps": 300, "eval_every": 50, "seed": 0})
+    (tmp_path / "studies" / "digits_mlp.yaml").write_text(yaml.safe_dump(study))
+    assert run_cli("run", "studies/digits_mlp.yaml", cwd=tmp_path).returncode == 0
+    command = re.search(r"```bash\n\.venv/bin/python -m sweep (export [^\n]*)\n```", README).group(1)
+    assert run_cli(*command.split(), cwd=tmp_path).returncode == 0
+    (tmp_path / "predict.py").write_text(_example("predict.py"))
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    result = subprocess.run([sys.executable, "predict.py"], cwd=tmp_path, env=cli_env(), capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    predicted, true = re.search(r"predicted (\[.*?\]) true (\[.*?\])", result.stdout).groups()
+    assert sum(a == b for a, b in zip(eval(predicted), eval(true))) >= 7  # it really predicts digits
+    assert "ScaleByAdamState" in result.stdout or "TraceState" in result.stdout

@@ -1,0 +1,128 @@
+"""The best checkpoint of a trial: its params, its test score, and `load_best` for notebooks."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.checkpoints import restore_params
+from sweep.config import Config
+from sweep.errors import SweepError
+
+TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, computed once
+
+
+def best_step(trial: FrozenTrial, direction: str) -> tuple[int, float]:
+    """(best_step, best_value) of a finished trial: its user attributes, else its reports."""
+    if "best_step" in trial.user_attrs:
+        return int(trial.user_attrs["best_step"]), float(trial.user_attrs["best_value"])
+    values = trial.intermediate_values
+    if not values:
+        raise SweepError(f"trial {trial.number} has no evaluation")
+    sign = 1 if direction == "minimize" else -1
+    step = min(values, key=lambda s: (sign * values[s], s))
+    return step, values[step]
+
+
+def best_params(config: Config, trial: FrozenTrial) -> tuple[Any, int, float]:
+    """(params as numpy, best_step, best_value) from the trial's best checkpoint."""
+    step, value = best_step(trial, config.study.objective.direction)
+    directory = trial.user_attrs.get("checkpoint_dir")
+    try:
+        return restore_params(directory, step), step, value
+    except FileNotFoundError:
+        raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}") from None
+
+
+def _jitted(fn_name: str, config: Config, hp: Mapping[str, Any]) -> Any:
+    import jax
+
+    fn = getattr(config.trial_module, fn_name)
+    return jax.jit(lambda params, data: fn(hp, params, data))
+
+
+def best_test_metrics(config: Config, study: optuna.Study) -> dict[str, Any] | None:
+    """The best trial's test metrics from its best checkpoint; cached on the study, never retrained.
+
+    None when no trial is complete or the trial module has no `test` function.
+    """
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete or not callable(getattr(config.trial_module, "test", None)):
+        return None
+    best = study.best_trial
+    step, _ = best_step(best, config.study.objective.direction)
+    cached = study.user_attrs.get(TEST_ATTR)
+    if cached and cached.get("trial") == best.number and cached.get("step") == step:
+        return cached
+    params, step, _ = best_params(config, best)
+    hp = config.hyperparameters(best.params)
+    metrics = _jitted("test", config, hp)(params, config.trial_module.data(hp))
+    result = {"trial": best.number, "step": step, "metrics": {k: float(v) for k, v in metrics.items()}}
+    study.set_user_attr(TEST_ATTR, result)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedTrial:
+    """A trial's best checkpoint, restored with its trial module: `model.apply({"params": params}, x)`."""
+
+    number: int
+    step: int
+    value: float
+    hyperparameters: dict[str, Any]
+    state: dict[str, Any]  # params, opt_state (optax types), step, key
+    model: Any  # the trial module's model(hp), or None if it defines none
+    trial_module: Any
+
+    @property
+    def params(self) -> Any:
+        return self.state["params"]
+
+
+def load_best(study_file: str | os.PathLike[str], trial: int | None = None) -> LoadedTrial:
+    """Restore the full training state of a trial's best checkpoint (default: the study's best trial).
+
+    Raises:
+        SweepError: the study, the trial or its checkpoint does not exist.
+    """
+    from sweep import config as config_lib
+    from sweep.checkpoints import TrialCheckpoints
+    from sweep.runner import initial_state
+    from sweep.study import load_study, open_storage
+
+    config = config_lib.load(study_file)
+    study = load_study(config, open_storage(config, create=False), create=False)
+    frozen = _pick(study, trial)
+    step, value = best_step(frozen, config.study.objective.direction)
+    hp = config.hyperparameters(frozen.params)
+    template, _, _ = initial_state(config, frozen.number, hp)
+    objective, c = config.study.objective, config.study.checkpoint
+    ckpt = TrialCheckpoints(Path(frozen.user_attrs["checkpoint_dir"]), objective.metric, objective.direction,
+                            c.keep_last, c.keep_best, read_only=True)
+    try:
+        if step not in ckpt.all_steps():
+            raise SweepError(f"trial {frozen.number}: its best step {step} is missing from {ckpt.directory}")
+        state = ckpt.restore(step, template)
+    finally:
+        ckpt.close()
+    model_fn = getattr(config.trial_module, "model", None)
+    return LoadedTrial(frozen.number, step, value, hp, state, model_fn(hp) if callable(model_fn) else None,
+                       config.trial_module)
+
+
+def _pick(study: optuna.Study, number: int | None) -> FrozenTrial:
+    if number is None:
+        if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            raise SweepError(f"study {study.study_name!r} has no complete trial yet")
+        return study.best_trial
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number:
+            if t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+                raise SweepError(f"trial {number} is {t.state.name}, not finished")
+            return t
+    raise SweepError(f"study {study.study_name!r} has no trial {number}")

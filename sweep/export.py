@@ -1,0 +1,73 @@
+"""`export`: every finished trial's best checkpoint -> safetensors + meta.json + index.json.
+
+Loading an export needs no pickle and none of this package: safetensors and JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from sweep.best import best_params, best_step
+from sweep.config import Config
+from sweep.errors import SweepError
+from sweep.export_format import flatten
+from sweep.study import load_study, open_storage
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Temp file + rename: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _json(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
+def export(config: Config, out: Path, trial: int | None = None, include_pruned: bool = False) -> dict[str, Any]:
+    """Write the export of the study's finished trials (or only `trial`) into `out`; returns the index.
+
+    Raises:
+        SweepError: the study or the trial does not exist, or no trial is finished yet.
+    """
+    from safetensors.numpy import save
+
+    study = load_study(config, open_storage(config, create=False), create=False)
+    states = (TrialState.COMPLETE, TrialState.PRUNED) if include_pruned else (TrialState.COMPLETE,)
+    trials = study.get_trials(deepcopy=False, states=states)
+    if trial is not None:
+        trials = [t for t in trials if t.number == trial]
+        if not trials:
+            known = [t.number for t in study.get_trials(deepcopy=False)]
+            why = "it does not exist" if trial not in known else "it is not " + (
+                "COMPLETE or PRUNED" if include_pruned else "COMPLETE (see --include-pruned)")
+            raise SweepError(f"cannot export trial {trial} of study {config.name!r}: {why}")
+    if not trials:
+        raise SweepError(f"study {config.name!r} has no finished trial to export yet")
+    direction, metric = config.study.objective.direction, config.study.objective.metric
+    sign = 1 if direction == "minimize" else -1
+    trials = sorted(trials, key=lambda t: (sign * best_step(t, direction)[1], t.number))
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for t in trials:
+        params, step, value = best_params(config, t)
+        folder = out / f"trial_{t.number:04d}"
+        folder.mkdir(exist_ok=True)
+        entry = {"number": t.number, "dir": folder.name, "state": t.state.name,
+                 "hyperparameters": config.hyperparameters(t.params), "params": t.params, "metric": metric,
+                 "best_step": step, "best_value": value,
+                 "last_step": t.user_attrs.get("last_step", max(t.intermediate_values, default=step))}
+        _write(folder / "params.safetensors", save(flatten(params)))
+        _write(folder / "meta.json", _json(entry))
+        entries.append(entry)
+    index = {"study": config.name, "metric": metric, "direction": direction, "trials": entries}
+    _write(out / "index.json", _json(index))
+    return index
