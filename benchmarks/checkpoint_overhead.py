@@ -52,7 +52,7 @@ def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
     if args.n_trials:
         config.study = config.study.model_copy(update={"n_trials": args.n_trials})
     original = scheduler.open_checkpoints
-    scheduler.open_checkpoints = (lambda config, directory: NoCheckpoints()) if side == "off" else original
+    scheduler.open_checkpoints = (lambda *args: NoCheckpoints()) if side == "off" else original
     try:
         t0 = time.perf_counter()
         study = scheduler.run(config, StopSignal())

@@ -11,12 +11,14 @@ import logging
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
+
+from sweep import integrity
 
 log = logging.getLogger("sweep")
 
@@ -33,8 +35,11 @@ class TrialCheckpoints:
     """
 
     def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, label: str = "trial") -> None:
         self.directory = Path(directory)
+        self.label = label
+        if not read_only:
+            self._quarantine_unreadable()
         best_fn = lambda metrics: float(metrics[metric])  # noqa: E731
         # Orbax's `max_to_keep` together with `best_fn` deletes the *newest* steps when they are not
         # among the best; a preservation policy keeps latest-N and best-K side by side instead.
@@ -62,10 +67,55 @@ class TrialCheckpoints:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def _quarantine_unreadable(self) -> None:
+        # Orbax's manager reads every step's metrics when it is constructed (for best_fn), so one
+        # corrupt JSON file would make the constructor raise before any restore is tried.
+        for entry in _step_dirs(self.directory):
+            reason = integrity.readable_metadata(Path(entry.path))
+            if reason is None and integrity.read_checksum(self.directory, int(entry.name)) is None:
+                reason = "no checksum recorded"
+            if reason:
+                integrity.quarantine(self.directory, int(entry.name), reason, self.label)
+
     def restore(self, step: int, template: Any) -> Any:
         """Restore `step` into the structure of `template` (optax states come back as their types)."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+    def _verified(self, step: int, template: Any) -> Any | None:
+        try:
+            state = self.restore(step, template)
+        except Exception as exc:  # tensorstore/JSON errors on torn or garbage files
+            integrity.quarantine(self.directory, step, f"restore failed: {type(exc).__name__}", self.label)
+            return None
+        if integrity.checksum(state) != integrity.read_checksum(self.directory, step):
+            integrity.quarantine(self.directory, step, "checksum mismatch", self.label)
+            return None
+        return state
+
+    def restore_intact(self, template: Any, best_before: Callable[[int], int | None]) -> tuple[int | None, Any]:
+        """(step, state) of the newest intact step whose best earlier state is intact too.
+
+        `best_before(s)` names the step of the best evaluation up to s; if that state is damaged,
+        resuming from s would lose it for good, so the search goes on below it (training
+        recomputes it bit-identically). Damaged steps are quarantined. (None, template) if none.
+        """
+        limit = None
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            if limit is not None and step >= limit:
+                continue
+            state = self._verified(step, template)
+            if state is None:
+                self._manager.reload()
+                continue
+            best = best_before(step)
+            if best is not None and best != step and (best not in self._manager.all_steps()
+                                                      or self._verified(best, template) is None):
+                self._manager.reload()
+                limit = best
+                continue
+            return step, state
+        return None, template
 
     def save(self, *items: tuple[int, Any, dict[str, float] | None]) -> None:
         """Start writing (step, host-copied state, metrics) items in order; at most one save in flight.
@@ -84,8 +134,18 @@ class TrialCheckpoints:
 
     def _write(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
         for step, state, metrics in items:
+            # The checksum is durable before the step exists, so a committed step always has one.
+            integrity.write_checksum(self.directory, step, integrity.checksum(state))
             self._manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True)
             self._manager.wait_until_finished()
+            integrity.make_durable(self.directory / str(step))
+        self._drop_stale_checksums()
+
+    def _drop_stale_checksums(self) -> None:
+        kept = {e.name for e in _step_dirs(self.directory)}
+        for path in integrity.sums_dir(self.directory).glob(f"*{integrity.SIDE_SUFFIX}"):
+            if path.name[: -len(integrity.SIDE_SUFFIX)] not in kept:
+                path.unlink(missing_ok=True)
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is on disk; re-raise its error."""

@@ -99,9 +99,10 @@ def initial_state(config: Config, number: int, hp: Mapping[str, Any]) -> tuple[d
     return {"params": params, "opt_state": tx.init(params), "step": np.zeros((), np.int32), "key": train_key}, data, tx
 
 
-def open_checkpoints(config: Config, directory: Path) -> TrialCheckpoints:
+def open_checkpoints(config: Config, number: int, directory: Path) -> TrialCheckpoints:
     c, objective = config.study.checkpoint, config.study.objective
-    return TrialCheckpoints(directory, objective.metric, objective.direction, c.keep_last, c.keep_best)
+    return TrialCheckpoints(directory, objective.metric, objective.direction, c.keep_last, c.keep_best,
+                            label=f"trial {number}")
 
 
 def run_trial(
@@ -130,15 +131,12 @@ def run_trial(
     total, eval_every = study.train.steps, study.train.eval_every
     try:
         state, data, tx = initial_state(config, number, hp)
-        start = ckpt.latest_step()
+        sign = 1.0 if direction == "minimize" else -1.0
+        start, state = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
         if start is not None:
-            state = ckpt.restore(start, state)
             log.info("trial %d: resumed from step %d", number, start)
         step = int(state["step"])
-        best = _Best(sign=1.0 if direction == "minimize" else -1.0)
-        for s, v in sorted(reported.items()):
-            if s <= step:
-                best.offer(s, v)
+        best = _best_of(reported, step, sign)
         train_step, evaluate = _compile(module, hp, tx)
         params, opt_state, key = state["params"], state["opt_state"], state["key"]
         cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
@@ -171,6 +169,15 @@ def run_trial(
     except Interrupted:
         ckpt.wait()
         raise
+
+
+def _best_of(reported: Mapping[int, float], step: int, sign: float) -> _Best:
+    """The best of the evaluations reported up to `step`."""
+    best = _Best(sign=sign)
+    for s, v in sorted(reported.items()):
+        if s <= step:
+            best.offer(s, v)
+    return best
 
 
 def _best_step(best: _Best) -> int:

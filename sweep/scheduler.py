@@ -109,7 +109,7 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
         params = suggest_all(config, trial)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        ckpt = open_checkpoints(config, Path(ckpt_dir))
+        ckpt = open_checkpoints(config, claimed.number, Path(ckpt_dir))
         try:
             outcome = run_trial(config, claimed.number, config.hyperparameters(params), trial,
                                 dict(frozen.intermediate_values), ckpt, stop)
