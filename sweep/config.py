@@ -126,6 +126,7 @@ class StudyFile(_Model):
     workdir: Annotated[str, Field(min_length=1)] | None = None
     n_trials: Annotated[int, Field(ge=1)]
     timeout: Annotated[float, Field(gt=0)] | None = None
+    max_retries: Annotated[int, Field(ge=0)] = 0  # a trial that raises is retried from its newest checkpoint
     objective: Objective
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()

@@ -34,3 +34,7 @@ class Interrupted(SweepError):
         self.signum = signum
         self.exit_code = 128 + signum
         super().__init__(f"interrupted by signal {signum}; run the same command to resume")
+
+
+class NonFiniteMetric(SweepError):
+    """A trial reported NaN/inf: deterministic, so it fails at once (no retry)."""

@@ -16,7 +16,7 @@ import optax
 
 from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
-from sweep.errors import Interrupted, SweepError
+from sweep.errors import Interrupted, NonFiniteMetric
 
 log = logging.getLogger("sweep")
 
@@ -188,7 +188,7 @@ def _best_step(best: _Best) -> int:
 def _evaluate(evaluate: Callable, params: Any, data: Any, metric: str, number: int, step: int) -> float:
     value = float(evaluate(params, data)[metric])
     if not math.isfinite(value):
-        raise SweepError(f"trial {number}: {metric} is {value} at step {step} (non-finite); the trial failed")
+        raise NonFiniteMetric(f"trial {number}: {metric} is {value} at step {step} (non-finite); the trial failed")
     return value
 
 

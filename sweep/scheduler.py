@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -13,8 +14,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep.checkpoints import newest_step
 from sweep.claims import Claims, trial_key
 from sweep.config import Config
-from sweep.errors import Interrupted
-from sweep.runner import StopSignal, open_checkpoints, run_trial
+from sweep.errors import Interrupted, NonFiniteMetric
+from sweep.runner import Outcome, StopSignal, open_checkpoints, run_trial
 from sweep.study import creation_lock, load_study, open_storage, suggest_all
 
 log = logging.getLogger("sweep")
@@ -109,25 +110,10 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
         params = suggest_all(config, trial)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        ckpt = open_checkpoints(config, claimed.number, Path(ckpt_dir))
-        try:
-            outcome = run_trial(config, claimed.number, config.hyperparameters(params), trial,
-                                dict(frozen.intermediate_values), ckpt, stop)
-            # Recorded while the final save is still being written; told only once it is on disk.
-            for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
-                                ("last_step", outcome.last_step)):
-                trial.set_user_attr(name, value)
-            ckpt.wait()
-        except Interrupted:
-            log.warning("trial %d: interrupted; checkpoint saved, it resumes on the next run", claimed.number)
-            raise
-        except Exception as exc:  # a trial that raises fails alone; the study goes on
-            log.error("Trial %d failed with parameters: %s because of the following error: %r.",
-                      claimed.number, params, exc)
+        outcome = _attempts(config, study, trial, claimed, params, Path(ckpt_dir), stop)
+        if outcome is None:
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             return
-        finally:
-            ckpt.close()
         if outcome.state == "COMPLETE":
             study.tell(trial, outcome.best_value, skip_if_finished=True)
         else:
@@ -136,6 +122,40 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
                  config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
     finally:
         claims.release(key)
+
+
+def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, claimed: Claimed, params: dict[str, Any],
+              ckpt_dir: Path, stop: StopSignal) -> Outcome | None:
+    """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
+
+    Failures are counted in the `failures` user attribute, so a restart does not reset the count.
+    """
+    failures = int(study._storage.get_trial(claimed.trial_id).user_attrs.get("failures", 0))
+    while True:
+        reported = dict(study._storage.get_trial(claimed.trial_id).intermediate_values)
+        ckpt = open_checkpoints(config, claimed.number, ckpt_dir)
+        try:
+            outcome = run_trial(config, claimed.number, config.hyperparameters(params), trial, reported, ckpt, stop)
+            # Recorded while the final save is still being written; told only once it is on disk.
+            for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
+                                ("last_step", outcome.last_step)):
+                trial.set_user_attr(name, value)
+            ckpt.wait()
+            return outcome
+        except Interrupted:
+            log.warning("trial %d: interrupted; checkpoint saved, it resumes on the next run", claimed.number)
+            raise
+        except Exception as exc:  # a trial that raises fails alone; the study goes on
+            failures += 1
+            trial.set_user_attr("failures", failures)
+            retry = failures <= config.study.max_retries and not isinstance(exc, NonFiniteMetric)
+            log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", claimed.number,
+                      params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."
+                      if retry else "")
+            if not retry:
+                return None
+        finally:
+            ckpt.close()
 
 
 def _log_start(study: optuna.Study, claims: Claims) -> None:

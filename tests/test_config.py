@@ -83,6 +83,7 @@ BAD = [
     ("keep-last-zero", {"checkpoint": {"keep_last": 0}}, ["checkpoint.keep_last: must be >= 1, got 0"]),
     ("keep-best-zero", {"checkpoint": {"keep_best": 0}}, ["checkpoint.keep_best: must be >= 1, got 0"]),
     ("every-seconds-zero", {"checkpoint": {"every_seconds": 0}}, ["checkpoint.every_seconds: must be > 0, got 0"]),
+    ("negative-retries", {"max_retries": -1}, ["max_retries: must be >= 0, got -1"]),
     ("n-jobs-zero", {"parallel": {"n_jobs": 0}}, ["parallel.n_jobs: must be >= 1, got 0"]),
     ("bad-storage-url", {"storage": "not a url"}, ["storage: must be an SQLAlchemy database URL", "'not a url'"]),
     ("missing-train", lambda d: _without(d, "train"), ["train: is required"]),

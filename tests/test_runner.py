@@ -71,3 +71,62 @@ def test_sigint_checkpoints_and_exits_130_resumable(write_study):
     assert result.returncode == 0, result.stderr
     assert "trial 0: resumed from step" in result.stderr
     assert [t.state.name for t in study_of(study).trials] in (["COMPLETE", "COMPLETE"], ["COMPLETE", "PRUNED"])
+
+
+FIRST_ATTEMPT_FAILS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, optax
+
+    HYPERPARAMETERS = {"learning_rate": 0.05}
+    METRICS = ("val_loss",)
+    _evaluations = [0]
+
+    def _count(_):
+        _evaluations[0] += 1
+        if _evaluations[0] == 3:  # the third evaluation of this process: a transient fault
+            raise RuntimeError("transient fault")
+
+    def data(hp):
+        x = np.random.RandomState(0).normal(size=(256, 4)).astype(np.float32)
+        return {"x": x, "y": x.sum(1)}
+
+    def init(hp, key, data):
+        return {"w": 0.01 * jax.random.normal(key, (4,))}
+
+    def optimizer(hp):
+        return optax.sgd(hp["learning_rate"])
+
+    def batch(hp, data, key):
+        idx = jax.random.randint(key, (32,), 0, 256)
+        return data["x"][idx], data["y"][idx]
+
+    def loss(hp, params, batch, key):
+        x, y = batch
+        return jnp.mean((x @ params["w"] - y) ** 2)
+
+    def evaluate(hp, params, data):
+        value = loss(hp, params, (data["x"], data["y"]), None)
+        jax.debug.callback(_count, value)
+        return {"val_loss": value}
+''')
+
+
+def test_trial_that_raises_on_first_attempt_succeeds_on_retry_under_same_number(write_study):
+    kwargs = dict(trial="first_attempt_fails", n_trials=1, pruner={"type": "none"}, fixed={},
+                  search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
+                  train={"steps": 400, "eval_every": 50}, checkpoint={"every_steps": 100})
+    study = write_study(**kwargs, max_retries=1)
+    (study.parent / "first_attempt_fails.py").write_text(FIRST_ATTEMPT_FAILS)
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    assert "Trial 0 failed with parameters" in result.stderr and "transient fault" in result.stderr
+    assert "Retrying (1 of 1) from its newest checkpoint" in result.stderr
+    assert "trial 0: resumed from step 100" in result.stderr  # eval 3 is step 150; newest save 100
+    (trial,) = study_of(study).trials
+    assert trial.number == 0 and trial.state.name == "COMPLETE" and trial.user_attrs["failures"] == 1
+    assert sorted(trial.intermediate_values) == list(range(50, 401, 50))
+
+    # Without retries the same fault fails the trial (and the study still ends normally).
+    other = write_study(file="noretry.yaml", **{**kwargs, "name": "u"})
+    result = run_cli("run", other, cwd=other.parent)
+    assert result.returncode == 0 and "Retrying" not in result.stderr
+    assert study_of(other).trials[0].state.name == "FAIL"
