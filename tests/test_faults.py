@@ -1,0 +1,82 @@
+"""Faults at random moments, and many processes on one SQLite study with a reader polling it."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+
+import optuna
+
+from conftest import Running, kill9, run_cli, snapshot, study_of
+
+# Frequent saves with keep_last 1: a random kill often lands in a checkpoint write or the
+# deletion of the step it replaces, not only in training.
+FAULTY = {"pruner": {"type": "none"}, "checkpoint": {"every_steps": 50, "keep_last": 1, "keep_best": 1}}
+
+
+def test_sigkill_at_seeded_random_moments_loses_nothing(write_study, reference):
+    study = write_study(**FAULTY)
+    rng = random.Random(20261129)
+    kills = 0
+    for _ in range(20):
+        proc = Running("run", study, cwd=study.parent)
+        # Start-up takes ~2.5 s here; delays from 0.2 s to 5 s hit start-up, training, saves,
+        # deletions and the hand-over between trials.
+        deadline = time.monotonic() + rng.uniform(0.2, 5.0)
+        while time.monotonic() < deadline and proc.proc.poll() is None:
+            time.sleep(0.01)
+        if proc.proc.poll() is not None:
+            assert proc.finish() == 0, proc.stderr
+            break  # the study finished before this kill
+        kill9(proc)
+        kills += 1
+    assert kills >= 5
+    final = run_cli("run", study, cwd=study.parent)
+    assert final.returncode == 0, final.stderr
+    trials = study_of(study).trials
+    assert [t.number for t in trials] == [0, 1, 2, 3]  # exactly n_trials, numbers contiguous
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    assert snapshot(study) == reference(**FAULTY)
+
+
+def test_four_processes_and_a_polling_reader_share_one_sqlite_study(write_study):
+    study = write_study(n_trials=8, pruner={"type": "none"}, train={"steps": 300, "eval_every": 50})
+    procs = [Running("run", study, cwd=study.parent) for _ in range(4)]
+    errors: list[str] = []
+    polls = [0]
+    stop = threading.Event()
+
+    def poll() -> None:  # a dashboard-like reader, hammering the storage while the workers write
+        while not stop.is_set():
+            try:
+                study_of(study).get_trials(deepcopy=False)
+                polls[0] += 1
+            except Exception as exc:  # noqa: BLE001 - any error of the reader is a failure
+                errors.append(repr(exc))
+            time.sleep(0.02)
+
+    procs[0].wait_for(r"trial \d+: started")  # the study exists; a reader must not race its creation
+    reader = threading.Thread(target=poll)
+    reader.start()
+    statuses = []
+    while any(p.proc.poll() is None for p in procs):
+        result = run_cli("status", study, "--json")
+        if result.returncode == 0:
+            statuses.append(json.loads(result.stdout))
+        elif "not found" not in result.stderr:
+            errors.append(result.stderr)
+    codes = [p.finish() for p in procs]
+    stop.set()
+    reader.join()
+    assert codes == [0, 0, 0, 0], [p.stderr for p in procs]
+    assert not errors, errors
+    assert polls[0] > 10 and statuses
+    for p in procs:
+        assert "locked" not in p.stderr and "Traceback" not in p.stderr
+    started = sorted(int(n) for p in procs for n in re.findall(r"trial (\d+): started", p.stderr))
+    assert started == list(range(8))  # no trial run twice
+    trials = study_of(study).trials
+    assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
