@@ -47,7 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from sweep.runner import StopSignal
     from sweep.workers import run_workers
 
-    stop = StopSignal()
+    stop = StopSignal(config.study.checkpoint.grace_seconds)
     stop.install()
     study = run_workers(config, n_jobs, stop, quiet=args.quiet, verbose=args.verbose)
     print(summary.text(config, study))

@@ -113,6 +113,7 @@ class Checkpoint(_Model):
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
     keep_last: Annotated[int, Field(ge=1)] = 2
     keep_best: Annotated[int, Field(ge=1)] = 1  # the contract keeps the best state, always
+    grace_seconds: Annotated[float, Field(gt=0)] = 20.0  # SIGTERM/SIGINT: exit after this at the latest
 
 
 class Parallel(_Model):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -40,8 +42,9 @@ class Outcome:
 class StopSignal:
     """Turns SIGTERM/SIGINT into a flag the loop checks after every step; a second SIGINT exits at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace_seconds: float = 20.0) -> None:
         self.signum: int | None = None
+        self.grace_seconds = grace_seconds
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
@@ -50,11 +53,19 @@ class StopSignal:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             # Second Ctrl-C: the user wants out now. Everything already committed stays valid.
-            import os
-
             os._exit(130)
         self.signum = signum
-        log.warning("signal %d received: checkpointing running trials, then exiting", signum)
+        log.warning("signal %d received: checkpointing running trials, then exiting (at most %g s)", signum,
+                    self.grace_seconds)
+        # A step or a save that hangs (a stuck filesystem) must not keep a preempted machine alive:
+        # past the grace period the process exits anyway; committed checkpoints stay valid.
+        timer = threading.Timer(self.grace_seconds, self._expire, args=(signum,))
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self, signum: int) -> None:
+        log.error("grace period of %g s is over: exiting without a final checkpoint", self.grace_seconds)
+        os._exit(128 + signum)
 
     def check(self) -> None:
         if self.signum is not None:
@@ -161,7 +172,11 @@ def run_trial(
                 cadence.saved()
                 if step == total:
                     break
-                stop.check()
+                if stop.signum is not None:
+                    ckpt.wait()
+                    log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
+                                number, step)
+                    stop.check()
             params, opt_state, _ = train_step(params, opt_state, key, data, np.int32(step))
             step += 1
             evaluated = None

@@ -142,8 +142,7 @@ def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, claimed:
                 trial.set_user_attr(name, value)
             ckpt.wait()
             return outcome
-        except Interrupted:
-            log.warning("trial %d: interrupted; checkpoint saved, it resumes on the next run", claimed.number)
+        except Interrupted:  # checkpointed and logged by the runner; the trial stays resumable
             raise
         except Exception as exc:  # a trial that raises fails alone; the study goes on
             failures += 1

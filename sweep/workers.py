@@ -15,9 +15,10 @@ def _worker(study_file: str, quiet: bool, verbose: bool) -> None:
     from sweep import logs
 
     logs.setup(quiet, verbose)
-    stop = StopSignal()
+    config = config_lib.load(study_file)
+    stop = StopSignal(config.study.checkpoint.grace_seconds)
     stop.install()
-    scheduler.run(config_lib.load(study_file), stop)
+    scheduler.run(config, stop)
 
 
 def run_workers(config: Config, n_jobs: int, stop: StopSignal, quiet: bool = False,

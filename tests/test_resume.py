@@ -94,11 +94,13 @@ def test_sigterm_checkpoints_current_step_and_exits_143(write_study, reference):
     proc.signal(signal.SIGTERM)
     assert proc.finish(timeout=60) == 143
     assert "Traceback" not in proc.stderr
+    stopped = int(re.search(r"trial 1: stopped at step (\d+); checkpoint saved", proc.stderr).group(1))
     status = json.loads(run_cli("status", study, "--json").stdout)
     trial1 = status["trials"][1]
     assert trial1["state"] == "INTERRUPTED"
-    # The current step was saved even off the every_steps cadence; the next run starts there.
+    # The current step was saved, even off the every_steps cadence; the next run starts there.
     newest = max(int(p.name) for p in _ckpt_dir(study, 1).iterdir() if p.name.isdigit())
+    assert newest == stopped
     stderr = _finish(study)
     assert f"trial 1: resumed from step {newest}" in stderr
     assert snapshot(study) == reference()
