@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     export.add_argument("--trial", type=int, default=None, metavar="N", help="export only trial N")
     export.add_argument("--include-pruned", action="store_true", help="also export PRUNED trials")
+    drill = sub.add_parser("drill", help="recovery drill: kill a short copy of the study, restart it, measure")
+    drill.add_argument("study_file", metavar="STUDY.yaml")
+    drill.add_argument("--seed", type=int, default=None, help="seed of the random kill step")
+    drill.add_argument("--keep", action="store_true", help="keep the drill's temporary workdir")
     return p
 
 
@@ -81,6 +85,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_drill(args: argparse.Namespace) -> int:
+    from sweep import config as config_lib
+    from sweep import logs
+    from sweep.drill import drill
+
+    config = config_lib.load(args.study_file)
+    logs.setup()
+    report = drill(config, seed=args.seed, keep=args.keep)
+    print(f"recovery drill of {config.path} (trial 0, {config.study.train.steps} steps):")
+    print("\n".join("  " + line for line in report.lines()))
+    return 0 if report.bit_identical else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -88,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed usage; its code is 2 for errors, 0 for --help
         return int(exc.code or 0)
     try:
-        return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export}[args.command](args)
+        return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "drill": _cmd_drill}[args.command](args)
     except Interrupted as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return exc.exit_code

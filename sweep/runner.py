@@ -152,6 +152,7 @@ def run_trial(
         params, opt_state, key = state["params"], state["opt_state"], state["key"]
         cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
         evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
+        announce_first_step = bool(reported)  # a trial that made progress before: recovery is visible
         while True:
             snapshot = lambda: host_copy(  # noqa: E731
                 {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32), "key": key})
@@ -177,9 +178,13 @@ def run_trial(
                     log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
                                 number, step)
                     stop.check()
-            params, opt_state, _ = train_step(params, opt_state, key, data, np.int32(step))
+            params, opt_state, loss = train_step(params, opt_state, key, data, np.int32(step))
             step += 1
             evaluated = None
+            if announce_first_step:
+                announce_first_step = False
+                loss.block_until_ready()
+                log.info("trial %d: training again, step %d done (restart -> first new step)", number, step)
         return Outcome("COMPLETE", _best_step(best), best.value, step)
     except Interrupted:
         ckpt.wait()

@@ -1,0 +1,160 @@
+"""`drill`: the recovery drill. Kill a short copy of the study with SIGKILL, restart it, measure, compare.
+
+The copy runs trial 0 of the study (same trial module, sampler, hyperparameters, steps and
+checkpoint settings; pruning off) in a temporary workdir, three times as real processes: once
+uninterrupted (the reference), once killed at a random evaluation step, once restarted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import yaml
+
+from sweep.checkpoints import newest_step
+from sweep.config import Config
+from sweep.errors import SweepError
+
+
+@dataclasses.dataclass
+class DrillReport:
+    killed_at_step: int
+    resumed_from_step: int
+    lost_steps: int
+    lost_seconds: float
+    restart_to_restored_s: float  # restart -> state restored (the "resumed from step" line)
+    restart_to_first_new_step_s: float  # restart -> first training step after the resume step
+    bit_identical: bool
+    differences: list[str]
+
+    def lines(self) -> list[str]:
+        return [
+            f"killed (SIGKILL) at step        {self.killed_at_step}",
+            f"resumed from step               {self.resumed_from_step}",
+            f"work lost                       {self.lost_steps} steps, {self.lost_seconds:.2f} s",
+            f"recovery: restart -> restored   " + (f"{self.restart_to_restored_s:.2f} s"
+                                                   if self.resumed_from_step else "- (no checkpoint yet: from step 0)"),
+            f"recovery: restart -> new step   {self.restart_to_first_new_step_s:.2f} s",
+            f"bit-identical to uninterrupted  {'yes' if self.bit_identical else 'NO'}",
+            *[f"  differs: {d}" for d in self.differences],
+        ]
+
+
+def _copy(config: Config, root: Path, tag: str) -> Path:
+    raw = yaml.safe_load(config.path.read_text())
+    raw.update(name=f"{config.name}-drill-{tag}", workdir=str(root / tag), n_trials=1, pruner={"type": "none"})
+    for key in ("storage", "timeout", "parallel"):
+        raw.pop(key, None)
+    path = root / f"{tag}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _cli(study: Path) -> list[str]:
+    return [sys.executable, "-m", "sweep", "run", str(study)]
+
+
+def _trial(study: Path) -> optuna.trial.FrozenTrial | None:
+    raw = yaml.safe_load(study.read_text())
+    try:
+        trials = optuna.load_study(study_name=raw["name"], storage=f"sqlite:///{raw['workdir']}/study.db").trials
+    except Exception:  # not created yet  # noqa: BLE001
+        return None
+    return trials[0] if trials else None
+
+
+def _run(study: Path) -> None:
+    result = subprocess.run(_cli(study), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SweepError(f"the drill's reference run failed:\n{result.stderr.strip()}")
+
+
+class _Watched:
+    """A run whose stderr lines are time-stamped as they arrive."""
+
+    def __init__(self, study: Path) -> None:
+        self.start, self.start_wall = time.monotonic(), time.time()
+        self.proc = subprocess.Popen(_cli(study), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[tuple[float, str]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self.lines.append((time.monotonic() - self.start, line))
+
+    def first(self, pattern: str) -> tuple[float, re.Match[str]] | None:
+        for t, line in list(self.lines):
+            m = re.search(pattern, line)
+            if m:
+                return t, m
+        return None
+
+
+def _compare(ref: optuna.trial.FrozenTrial, got: optuna.trial.FrozenTrial) -> list[str]:
+    out = []
+    for name in ("state", "params", "value", "intermediate_values"):
+        a, b = getattr(ref, name), getattr(got, name)
+        if a != b:
+            out.append(f"{name}: uninterrupted {a!r} vs resumed {b!r}"[:300])
+    return out
+
+
+def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillReport:
+    """Run the drill; see the module docstring."""
+    study = config.study
+    evals = [s for s in range(study.train.eval_every, study.train.steps, study.train.eval_every)]
+    if not evals:
+        raise SweepError(f"{config.path}: train.steps must exceed train.eval_every for the drill to kill mid-trial")
+    kill_at = random.Random(seed).choice(evals)
+    root = Path(tempfile.mkdtemp(prefix="sweep-drill-"))
+    try:
+        reference = _copy(config, root, "reference")
+        _run(reference)
+        ref = _trial(reference)
+        drilled = _copy(config, root, "drill")
+        ckpt_dir = root / "drill" / "checkpoints" / "trial_0000"
+        victim = _Watched(drilled)
+        while True:  # kill as soon as the trial has evaluated step kill_at
+            trial = _trial(drilled)
+            if trial is not None and max(trial.intermediate_values, default=0) >= kill_at:
+                break
+            if victim.proc.poll() is not None:
+                raise SweepError("the drill's run finished before it could be killed; use more train.steps")
+            time.sleep(0.005)
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        killed_time = time.time()
+        victim.proc.wait()
+        killed_step = max(_trial(drilled).intermediate_values)
+        saved = newest_step(ckpt_dir)
+        saved_time = (ckpt_dir / str(saved)).stat().st_mtime if saved is not None else None
+        restart = _Watched(drilled)
+        restart.proc.wait()
+        if restart.proc.returncode != 0:
+            raise SweepError("the drill's restart failed:\n" + "".join(line for _, line in restart.lines))
+        restored = restart.first(r"trial 0: resumed from step (\d+)")
+        first_step = restart.first(r"trial 0: training again, step \d+ done")
+        started = victim.first(r"trial 0: started")
+        resumed = int(restored[1].group(1)) if restored else 0
+        since = saved_time if saved_time else victim.start_wall + (started[0] if started else 0.0)
+        differences = _compare(ref, _trial(drilled))
+        return DrillReport(
+            killed_at_step=killed_step, resumed_from_step=resumed, lost_steps=killed_step - resumed,
+            lost_seconds=killed_time - since, restart_to_restored_s=restored[0] if restored else float("nan"),
+            restart_to_first_new_step_s=first_step[0] if first_step else float("nan"),
+            bit_identical=not differences, differences=differences)
+    finally:
+        if not keep:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
