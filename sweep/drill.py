@@ -43,7 +43,7 @@ class DrillReport:
             f"killed (SIGKILL) at step        {self.killed_at_step}",
             f"resumed from step               {self.resumed_from_step}",
             f"work lost                       {self.lost_steps} steps, {self.lost_seconds:.2f} s",
-            f"recovery: restart -> restored   " + (f"{self.restart_to_restored_s:.2f} s"
+            "recovery: restart -> restored   " + (f"{self.restart_to_restored_s:.2f} s"
                                                    if self.resumed_from_step else "- (no checkpoint yet: from step 0)"),
             f"recovery: restart -> new step   {self.restart_to_first_new_step_s:.2f} s",
             f"bit-identical to uninterrupted  {'yes' if self.bit_identical else 'NO'}",

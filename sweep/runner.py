@@ -153,9 +153,11 @@ def run_trial(
         cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
         evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
         announce_first_step = bool(reported)  # a trial that made progress before: recovery is visible
+
+        def snapshot() -> Any:  # reads the loop's current params/opt_state/step when called
+            return host_copy({"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32), "key": key})
+
         while True:
-            snapshot = lambda: host_copy(  # noqa: E731
-                {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32), "key": key})
             if step > 0 and (step % eval_every == 0 or step == total):
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.

@@ -132,6 +132,19 @@ def wait_for_checkpoint(ckpt_dir: Path, min_step: int, timeout: float = 300) -> 
     raise AssertionError(f"no checkpoint >= {min_step} in {ckpt_dir}")
 
 
+def checkpoint_dir(study_file: Path, number: int) -> Path:
+    return Path(yaml.safe_load(study_file.read_text())["workdir"]) / "checkpoints" / f"trial_{number:04d}"
+
+
+def kill_mid_trial(study_file: Path, number: int, min_step: int) -> list[int]:
+    """Run the study and SIGKILL it once trial `number` has a checkpoint >= min_step; its kept steps."""
+    proc = Running("run", study_file, cwd=study_file.parent)
+    proc.wait_for(rf"trial {number}: (started|resumed)")
+    wait_for_checkpoint(checkpoint_dir(study_file, number), min_step)
+    kill9(proc)
+    return sorted(int(p.name) for p in checkpoint_dir(study_file, number).iterdir() if p.name.isdigit())
+
+
 def study_of(study_file: Path) -> optuna.Study:
     data = yaml.safe_load(study_file.read_text())
     storage = data.get("storage") or f"sqlite:///{data['workdir']}/study.db"

@@ -6,21 +6,15 @@ import os
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from conftest import Running, kill9, run_cli, snapshot, wait_for_checkpoint
+from conftest import checkpoint_dir, kill_mid_trial, run_cli, snapshot
 from sweep.checkpoints import TrialCheckpoints
 
 
 def _killed_mid_trial(write_study, min_step: int = 300) -> tuple[Path, Path, list[int]]:
     study = write_study()
-    ckpt = Path(yaml.safe_load(study.read_text())["workdir"]) / "checkpoints" / "trial_0001"
-    proc = Running("run", study, cwd=study.parent)
-    proc.wait_for(r"trial 1: started")
-    wait_for_checkpoint(ckpt, min_step)
-    kill9(proc)
-    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
-    return study, ckpt, steps
+    steps = kill_mid_trial(study, 1, min_step)
+    return study, checkpoint_dir(study, 1), steps
 
 
 def _garble(folder: Path) -> int:

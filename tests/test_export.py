@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from conftest import REPO, Running, kill9, run_cli, study_of, wait_for_checkpoint
+from conftest import Running, kill9, kill_mid_trial, run_cli, study_of
 from sweep import config as config_lib
 from sweep.best import _jitted
 from sweep.checkpoints import restore_params
@@ -53,10 +52,7 @@ def _check_export(study: Path, out: Path) -> dict:
 
 def test_export_after_a_killed_and_resumed_study(write_study, tmp_path):
     study = write_study()
-    proc = Running("run", study, cwd=study.parent)
-    proc.wait_for(r"trial 1: started")
-    wait_for_checkpoint(Path(yaml.safe_load(study.read_text())["workdir"]) / "checkpoints" / "trial_0001", 200)
-    kill9(proc)
+    kill_mid_trial(study, 1, 200)
     partial = run_cli("export", study, "--out", tmp_path / "partial")
     assert partial.returncode == 0, partial.stderr  # exports what is finished so far
     assert [e["number"] for e in json.loads((tmp_path / "partial" / "index.json").read_text())["trials"]] == \

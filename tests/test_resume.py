@@ -10,11 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from conftest import Running, kill9, run_cli, snapshot, study_of, wait_for_checkpoint
-
-
-def _ckpt_dir(study_file: Path, number: int) -> Path:
-    return Path(yaml.safe_load(study_file.read_text())["workdir"]) / "checkpoints" / f"trial_{number:04d}"
+from conftest import (Running, checkpoint_dir, kill9, kill_mid_trial, run_cli, snapshot, study_of,
+                      wait_for_checkpoint)
 
 
 def _finish(study_file: Path) -> str:
@@ -38,11 +35,7 @@ def test_run_uninterrupted_finishes_with_summary(write_study, reference):
 
 def test_run_killed_mid_trial_resumes_from_newest_checkpoint(write_study, reference):
     study = write_study()
-    proc = Running("run", study, cwd=study.parent)
-    proc.wait_for(r"trial 1: started")
-    wait_for_checkpoint(_ckpt_dir(study, 1), 200)
-    kill9(proc)
-    newest = max(int(p.name) for p in _ckpt_dir(study, 1).iterdir() if p.name.isdigit())
+    newest = kill_mid_trial(study, 1, 200)[-1]
     assert 200 <= newest < 600
     stderr = _finish(study)
     # Resumed under its own number from the newest checkpoint: the saved steps were not recomputed.
@@ -50,17 +43,14 @@ def test_run_killed_mid_trial_resumes_from_newest_checkpoint(write_study, refere
     assert "trial 0: started" not in stderr and "trial 1: started" not in stderr
     trial1 = study_of(study).trials[1]
     assert trial1.user_attrs["resumes"] == 1
-    assert trial1.user_attrs["checkpoint_dir"] == str(_ckpt_dir(study, 1))
+    assert trial1.user_attrs["checkpoint_dir"] == str(checkpoint_dir(study, 1))
     assert snapshot(study) == reference()
 
 
 def test_run_killed_repeatedly_equals_uninterrupted(write_study, reference):
     study = write_study()
     for number in (0, 2, 3):
-        proc = Running("run", study, cwd=study.parent)
-        proc.wait_for(rf"trial {number}: (started|resumed)")
-        wait_for_checkpoint(_ckpt_dir(study, number), 100)
-        kill9(proc)
+        kill_mid_trial(study, number, 100)
     _finish(study)
     assert snapshot(study) == reference()
     assert len(study_of(study).trials) == 4
@@ -90,7 +80,7 @@ def test_sigterm_checkpoints_current_step_and_exits_143(write_study, reference):
     study = write_study()
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 1: started")
-    wait_for_checkpoint(_ckpt_dir(study, 1), 100)
+    wait_for_checkpoint(checkpoint_dir(study, 1), 100)
     proc.signal(signal.SIGTERM)
     assert proc.finish(timeout=60) == 143
     assert "Traceback" not in proc.stderr
@@ -99,7 +89,7 @@ def test_sigterm_checkpoints_current_step_and_exits_143(write_study, reference):
     trial1 = status["trials"][1]
     assert trial1["state"] == "INTERRUPTED"
     # The current step was saved, even off the every_steps cadence; the next run starts there.
-    newest = max(int(p.name) for p in _ckpt_dir(study, 1).iterdir() if p.name.isdigit())
+    newest = max(int(p.name) for p in checkpoint_dir(study, 1).iterdir() if p.name.isdigit())
     assert newest == stopped
     stderr = _finish(study)
     assert f"trial 1: resumed from step {newest}" in stderr
