@@ -147,3 +147,34 @@ def test_sigterm_grace_period_bounds_the_exit_of_a_stuck_trial(write_study):
     assert time.monotonic() - t0 < 30  # not the 120 s the trial would have needed
     assert "grace period of 1.5 s is over" in proc.stderr
     assert study_of(study).trials[0].state.name == "RUNNING"  # still resumable
+
+
+def test_cadence_saves_every_n_steps_or_every_t_seconds_whichever_first(monkeypatch):
+    from sweep import runner
+
+    now = [100.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
+    both = runner._Cadence(every_steps=50, every_seconds=10.0)
+    assert not both.due(49) and both.due(50)
+    now[0] += 10.0
+    assert both.due(51)  # ten seconds passed: due off the step cadence
+    both.saved()
+    assert not both.due(52)
+    seconds_only = runner._Cadence(every_steps=None, every_seconds=2.0)
+    assert not seconds_only.due(1000)
+    now[0] += 2.0
+    assert seconds_only.due(1001)
+    never = runner._Cadence(every_steps=None, every_seconds=None)
+    now[0] += 1e6
+    assert not never.due(100)
+
+
+def test_every_seconds_alone_checkpoints_mid_trial(write_study):
+    study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 20000, "eval_every": 1000},
+                        checkpoint={"every_steps": None, "every_seconds": 0.3, "keep_last": 50})
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    from conftest import checkpoint_dir
+
+    steps = sorted(int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit())
+    assert len(steps) >= 3 and any(s % 1000 for s in steps)  # saved by the clock, between evaluations
