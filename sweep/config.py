@@ -263,13 +263,10 @@ def _translate(file: str, err: dict[str, Any], raw: Any) -> ConfigError:
 
 
 def _strip_tags(loc: list[Any]) -> list[str]:
-    out = []
-    for i, part in enumerate(loc):
-        # pydantic inserts the union tag after the search_space entry name.
-        if i >= 2 and loc[0] == "search_space" and i == 2 and part in ("float", "int", "categorical"):
-            continue
-        out.append(str(part))
-    return out
+    # pydantic inserts the union tag after the search_space entry name: search_space.lr.float.low
+    if len(loc) > 2 and loc[0] == "search_space" and loc[2] in ("float", "int", "categorical"):
+        loc = loc[:2] + loc[3:]
+    return [str(part) for part in loc]
 
 
 def _lookup(raw: Any, loc: list[str]) -> Any:
