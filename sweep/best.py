@@ -17,16 +17,23 @@ from sweep.errors import SweepError
 TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, computed once
 
 
+def best_of_reports(values: Mapping[int, float], direction: str) -> tuple[int, float] | None:
+    """(step, value) of the best reported evaluation, the earliest on ties; None if nothing reported."""
+    if not values:
+        return None
+    sign = 1 if direction == "minimize" else -1
+    step = min(values, key=lambda s: (sign * values[s], s))
+    return step, values[step]
+
+
 def best_step(trial: FrozenTrial, direction: str) -> tuple[int, float]:
     """(best_step, best_value) of a finished trial: its user attributes, else its reports."""
     if "best_step" in trial.user_attrs:
         return int(trial.user_attrs["best_step"]), float(trial.user_attrs["best_value"])
-    values = trial.intermediate_values
-    if not values:
+    best = best_of_reports(trial.intermediate_values, direction)
+    if best is None:
         raise SweepError(f"trial {trial.number} has no evaluation")
-    sign = 1 if direction == "minimize" else -1
-    step = min(values, key=lambda s: (sign * values[s], s))
-    return step, values[step]
+    return best
 
 
 def best_params(config: Config, trial: FrozenTrial) -> tuple[Any, int, float]:

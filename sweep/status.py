@@ -7,6 +7,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.best import best_of_reports
 from sweep.checkpoints import newest_mtime
 from sweep.claims import Claims, trial_key
 from sweep.config import Config
@@ -21,14 +22,14 @@ def collect(config: Config) -> dict[str, Any]:
     claims = Claims(storage.engine, study._study_id)
     live = claims.live_owners(trial_key(t._trial_id) for t in trials if t.state == TrialState.RUNNING) \
         if _has_claims(storage.engine) else {}
-    sign = 1 if config.study.objective.direction == "minimize" else -1
+    direction = config.study.objective.direction
     return {
         "study": config.name,
         "storage": config.storage,
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,
-        "trials": [_entry(t, live, sign) for t in sorted(trials, key=lambda t: t.number)],
+        "trials": [_entry(t, live, direction) for t in sorted(trials, key=lambda t: t.number)],
     }
 
 
@@ -44,19 +45,18 @@ def _state(t: FrozenTrial, live: dict[str, str]) -> str:
     return t.state.name
 
 
-def _entry(t: FrozenTrial, live: dict[str, str], sign: int) -> dict[str, Any]:
+def _entry(t: FrozenTrial, live: dict[str, str], direction: str) -> dict[str, Any]:
     attrs = t.user_attrs
-    values = t.intermediate_values
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
-    best_step = attrs.get("best_step", min(values, key=lambda s: (sign * values[s], s)) if values else None)
+    best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
     return {
         "number": t.number,
         "state": _state(t, live),
         "params": t.params,
         "value": t.value,
-        "best_step": best_step,
-        "best_value": attrs.get("best_value", values.get(best_step) if best_step is not None else None),
-        "last_step": attrs.get("last_step", max(values, default=None)),
+        "best_step": attrs.get("best_step", best_step),
+        "best_value": attrs.get("best_value", best_value),
+        "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
         "checkpoint_dir": attrs.get("checkpoint_dir"),
         "resumes": int(attrs.get("resumes", 0)),
     }
