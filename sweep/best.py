@@ -40,6 +40,8 @@ def best_params(config: Config, trial: FrozenTrial) -> tuple[Any, int, float]:
     """(params as numpy, best_step, best_value) from the trial's best checkpoint."""
     step, value = best_step(trial, config.study.objective.direction)
     directory = trial.user_attrs.get("checkpoint_dir")
+    if directory is None:
+        raise SweepError(f"trial {trial.number} has no checkpoint_dir attribute: it was not run by sweep")
     try:
         return restore_params(directory, step), step, value
     except FileNotFoundError:

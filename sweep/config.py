@@ -229,7 +229,7 @@ _TYPE_RULES = {
 }
 
 
-def _translate(file: str, err: dict[str, Any], raw: Any) -> ConfigError:
+def _translate(file: str, err: Any, raw: Any) -> ConfigError:
     """One pydantic error -> `<file>: <key>: <rule>, got <value>`."""
     # Discriminated unions put the tag in loc; drop it so keys read like the YAML.
     loc = _strip_tags(list(err["loc"]))
@@ -282,10 +282,10 @@ def _lookup(raw: Any, loc: list[str]) -> Any:
 
 def _allowed_keys(raw_loc: tuple[Any, ...]) -> list[str]:
     """Keys allowed in the mapping holding the unknown key at `raw_loc` (pydantic's, with union tags)."""
-    params = {"float": FloatParam, "int": IntParam, "categorical": CategoricalParam}
+    params: dict[str, type[BaseModel]] = {"float": FloatParam, "int": IntParam, "categorical": CategoricalParam}
     if raw_loc[0] == "search_space" and len(raw_loc) == 4:
         return list(params[raw_loc[2]].model_fields)
-    model: type[BaseModel] = StudyFile
+    model: Any = StudyFile
     for part in raw_loc[:-1]:
         annotation = getattr(model.model_fields.get(str(part)), "annotation", None)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):

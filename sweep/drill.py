@@ -65,6 +65,13 @@ def _cli(study: Path) -> list[str]:
     return [sys.executable, "-m", "sweep", "run", str(study)]
 
 
+def _finished_trial(study: Path) -> optuna.trial.FrozenTrial:
+    trial = _trial(study)
+    if trial is None:
+        raise SweepError(f"the drill's study {study} has no trial")
+    return trial
+
+
 def _trial(study: Path) -> optuna.trial.FrozenTrial | None:
     raw = yaml.safe_load(study.read_text())
     try:
@@ -121,7 +128,7 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
     try:
         reference = _copy(config, root, "reference")
         _run(reference)
-        ref = _trial(reference)
+        ref = _finished_trial(reference)
         drilled = _copy(config, root, "drill")
         ckpt_dir = root / "drill" / "checkpoints" / "trial_0000"
         victim = _Watched(drilled)
@@ -135,7 +142,7 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         os.kill(victim.proc.pid, signal.SIGKILL)
         killed_time = time.time()
         victim.proc.wait()
-        killed_step = max(_trial(drilled).intermediate_values)
+        killed_step = max(_finished_trial(drilled).intermediate_values)
         saved = newest_step(ckpt_dir)
         saved_time = (ckpt_dir / str(saved)).stat().st_mtime if saved is not None else None
         restart = _Watched(drilled)
@@ -147,7 +154,7 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         started = victim.first(r"trial 0: started")
         resumed = int(restored[1].group(1)) if restored else 0
         since = saved_time if saved_time else victim.start_wall + (started[0] if started else 0.0)
-        differences = _compare(ref, _trial(drilled))
+        differences = _compare(ref, _finished_trial(drilled))
         return DrillReport(
             killed_at_step=killed_step, resumed_from_step=resumed, lost_steps=killed_step - resumed,
             lost_seconds=killed_time - since, restart_to_restored_s=restored[0] if restored else float("nan"),

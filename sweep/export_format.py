@@ -25,14 +25,14 @@ def flatten(params: Any, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
-def load_export(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_export(where: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(params, meta) of an exported trial folder, or of the best trial of an export folder.
 
     Needs only safetensors and JSON: no pickle, no JAX.
     """
     from safetensors.numpy import load_file
 
-    path = Path(path)
+    path = Path(where)
     if (path / "index.json").is_file():
         index = json.loads((path / "index.json").read_text())
         if not index["trials"]:

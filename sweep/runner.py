@@ -220,7 +220,7 @@ def _flush(ckpt: TrialCheckpoints, best: _Best, current: tuple[int, Callable[[],
     The best state waits in memory for the next save: a resumed run recomputes it bit-identically,
     so writing it at once would buy nothing but I/O.
     """
-    items = []
+    items: list[tuple[int, Any, dict[str, float] | None]] = []
     if best.pending is not None:
         items.append(best.pending)
         best.pending = None
@@ -241,7 +241,7 @@ class _Cadence:
     def due(self, step: int) -> bool:
         if self.every_steps and step > 0 and step % self.every_steps == 0:
             return True
-        return bool(self.every_seconds) and time.monotonic() - self.last_time >= self.every_seconds
+        return self.every_seconds is not None and time.monotonic() - self.last_time >= self.every_seconds
 
     def saved(self) -> None:
         self.last_time = time.monotonic()
