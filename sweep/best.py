@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.checkpoints import restore_params
+from sweep.checkpoints import DamagedCheckpoint, TrialCheckpoints
 from sweep.config import Config
 from sweep.errors import SweepError
 
@@ -36,16 +36,38 @@ def best_step(trial: FrozenTrial, direction: str) -> tuple[int, float]:
     return best
 
 
-def best_params(config: Config, trial: FrozenTrial) -> tuple[Any, int, float]:
-    """(params as numpy, best_step, best_value) from the trial's best checkpoint."""
+def best_state(config: Config, trial: FrozenTrial) -> tuple[dict[str, Any], int, float]:
+    """(full training state, best_step, best_value) from the trial's best checkpoint, checksum-verified.
+
+    Read-only: a damaged step is an error here; quarantine and fallback are for resuming.
+    """
+    from sweep.runner import initial_state  # the template the state was saved from
+
     step, value = best_step(trial, config.study.objective.direction)
     directory = trial.user_attrs.get("checkpoint_dir")
     if directory is None:
         raise SweepError(f"trial {trial.number} has no checkpoint_dir attribute: it was not run by sweep")
+    objective, c = config.study.objective, config.study.checkpoint
+    template, _, _ = initial_state(config, trial.number, config.hyperparameters(trial.params))
+    ckpt = TrialCheckpoints(Path(directory), objective.metric, objective.direction, c.keep_last, c.keep_best,
+                            read_only=True)
     try:
-        return restore_params(directory, step), step, value
-    except FileNotFoundError:
-        raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}") from None
+        if step not in ckpt.all_steps():
+            raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}")
+        return ckpt.restore_verified(step, template), step, value
+    except DamagedCheckpoint as exc:
+        raise SweepError(f"trial {trial.number}: its best checkpoint (step {step}) is damaged: {exc}") from None
+    finally:
+        ckpt.close()
+
+
+def best_params(config: Config, trial: FrozenTrial) -> tuple[Any, int, float]:
+    """(params as numpy, best_step, best_value) from the trial's best checkpoint, checksum-verified."""
+    import jax
+    import numpy as np
+
+    state, step, value = best_state(config, trial)
+    return jax.tree.map(np.asarray, state["params"]), step, value
 
 
 def _jitted(fn_name: str, config: Config, hp: Mapping[str, Any]) -> Any:
@@ -100,25 +122,13 @@ def load_best(study_file: str | os.PathLike[str], trial: int | None = None) -> L
         SweepError: the study, the trial or its checkpoint does not exist.
     """
     from sweep import config as config_lib
-    from sweep.checkpoints import TrialCheckpoints
-    from sweep.runner import initial_state
     from sweep.study import load_study, open_storage
 
     config = config_lib.load(study_file)
     study = load_study(config, open_storage(config, create=False), create=False)
     frozen = _pick(study, trial)
-    step, value = best_step(frozen, config.study.objective.direction)
+    state, step, value = best_state(config, frozen)
     hp = config.hyperparameters(frozen.params)
-    template, _, _ = initial_state(config, frozen.number, hp)
-    objective, c = config.study.objective, config.study.checkpoint
-    ckpt = TrialCheckpoints(Path(frozen.user_attrs["checkpoint_dir"]), objective.metric, objective.direction,
-                            c.keep_last, c.keep_best, read_only=True)
-    try:
-        if step not in ckpt.all_steps():
-            raise SweepError(f"trial {frozen.number}: its best step {step} is missing from {ckpt.directory}")
-        state = ckpt.restore(step, template)
-    finally:
-        ckpt.close()
     model_fn = getattr(config.trial_module, "model", None)
     return LoadedTrial(frozen.number, step, value, hp, state, model_fn(hp) if callable(model_fn) else None,
                        config.trial_module)

@@ -23,6 +23,10 @@ from sweep import integrity
 log = logging.getLogger("sweep")
 
 
+class DamagedCheckpoint(Exception):
+    """A committed step that does not restore or does not match its checksum."""
+
+
 def host_copy(state: Any) -> Any:
     """A private numpy copy of a pytree of arrays (donated device buffers may be reused)."""
     return jax.tree.map(lambda x: np.array(x, copy=True), state)
@@ -82,16 +86,27 @@ class TrialCheckpoints:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
-    def _verified(self, step: int, template: Any) -> Any | None:
+    def restore_verified(self, step: int, template: Any) -> Any:
+        """`restore`, then check the step's recorded checksum; every reader of a checkpoint uses this.
+
+        Raises:
+            DamagedCheckpoint: the step does not restore, or its arrays differ from what was saved.
+        """
         try:
             state = self.restore(step, template)
         except Exception as exc:  # tensorstore/JSON errors on torn or garbage files
-            integrity.quarantine(self.directory, step, f"restore failed: {type(exc).__name__}", self.label)
-            return None
+            raise DamagedCheckpoint(f"restore failed: {type(exc).__name__}") from exc
         if integrity.checksum(state) != integrity.read_checksum(self.directory, step):
-            integrity.quarantine(self.directory, step, "checksum mismatch", self.label)
-            return None
+            raise DamagedCheckpoint("checksum mismatch")
         return state
+
+    def _verified(self, step: int, template: Any) -> Any | None:
+        """The verified state of `step`, or None after moving the damaged step to quarantine."""
+        try:
+            return self.restore_verified(step, template)
+        except DamagedCheckpoint as exc:
+            integrity.quarantine(self.directory, step, str(exc), self.label)
+            return None
 
     def restore_intact(self, template: Any, best_before: Callable[[int], int | None]) -> tuple[int | None, Any]:
         """(step, state) of the newest intact step whose best earlier state is intact too.
@@ -162,17 +177,6 @@ class TrialCheckpoints:
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
-
-
-def restore_params(directory: str | os.PathLike[str], step: int) -> Any:
-    """The params of a committed step as numpy arrays, read-only and without a template."""
-    if not (Path(directory) / str(step)).is_dir():
-        raise FileNotFoundError(f"no checkpoint for step {step} in {directory}")
-    manager = ocp.CheckpointManager(Path(directory), options=ocp.CheckpointManagerOptions(read_only=True))
-    try:
-        return jax.tree.map(np.asarray, manager.restore(step, args=ocp.args.StandardRestore())["params"])
-    finally:
-        manager.close()
 
 
 def _step_dirs(directory: str | os.PathLike[str]) -> list[os.DirEntry[str]]:

@@ -110,7 +110,7 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
         params = suggest_all(config, trial)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        outcome = _attempts(config, study, trial, claimed, params, Path(ckpt_dir), stop)
+        outcome = _attempts(config, study, trial, frozen, params, Path(ckpt_dir), stop)
         if outcome is None:
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             return
@@ -124,18 +124,18 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
         claims.release(key)
 
 
-def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, claimed: Claimed, params: dict[str, Any],
+def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any],
               ckpt_dir: Path, stop: StopSignal) -> Outcome | None:
     """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
 
     Failures are counted in the `failures` user attribute, so a restart does not reset the count.
     """
-    failures = int(study._storage.get_trial(claimed.trial_id).user_attrs.get("failures", 0))
+    number, failures = frozen.number, int(frozen.user_attrs.get("failures", 0))
     while True:
-        reported = dict(study._storage.get_trial(claimed.trial_id).intermediate_values)
-        ckpt = open_checkpoints(config, claimed.number, ckpt_dir)
+        ckpt = open_checkpoints(config, number, ckpt_dir)
         try:
-            outcome = run_trial(config, claimed.number, config.hyperparameters(params), trial, reported, ckpt, stop)
+            outcome = run_trial(config, number, config.hyperparameters(params), trial,
+                                dict(frozen.intermediate_values), ckpt, stop)
             # Recorded while the final save is still being written; told only once it is on disk.
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
                                 ("last_step", outcome.last_step)):
@@ -148,11 +148,12 @@ def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, claimed:
             failures += 1
             trial.set_user_attr("failures", failures)
             retry = failures <= config.study.max_retries and not isinstance(exc, NonFiniteMetric)
-            log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", claimed.number,
+            log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", number,
                       params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."
                       if retry else "")
             if not retry:
                 return None
+            frozen = study._storage.get_trial(frozen._trial_id)  # the failed attempt's new reports
         finally:
             ckpt.close()
 

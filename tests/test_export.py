@@ -13,7 +13,8 @@ import pytest
 from conftest import Running, kill9, kill_mid_trial, run_cli, study_of
 from sweep import config as config_lib
 from sweep.best import _jitted
-from sweep.checkpoints import restore_params
+from sweep.checkpoints import TrialCheckpoints
+from sweep.runner import initial_state
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -100,9 +101,21 @@ def test_exported_params_are_the_best_step_not_the_last(write_study, tmp_path):
     ckpt_dir = Path(trial.user_attrs["checkpoint_dir"])
     assert sorted(int(p.name) for p in ckpt_dir.iterdir()) == [entry["best_step"], 1500]
     params, meta = __import__("sweep").load_export(out / entry["dir"])
-    last = restore_params(ckpt_dir, 1500)
-    assert not np.array_equal(params["Dense_0"]["kernel"], last["Dense_0"]["kernel"])
+    template, _, _ = initial_state(config_lib.load(study), 0, meta["hyperparameters"])
+    ckpt = TrialCheckpoints(ckpt_dir, "val_loss", "minimize", 1, 1, read_only=True)
+    last = ckpt.restore_verified(1500, template)["params"]
+    ckpt.close()
+    assert not np.array_equal(params["Dense_0"]["kernel"], np.asarray(last["Dense_0"]["kernel"]))
     assert _evaluate(study, last, meta["hyperparameters"]) == trial.intermediate_values[1500] > entry["best_value"]
+
+    # A damaged best checkpoint is never exported as if it were fine.
+    for path in sorted((ckpt_dir / str(entry["best_step"]) / "default").rglob("d/*")):
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    damaged = run_cli("export", study, "--out", tmp_path / "again")
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
+    assert f"trial 0: its best checkpoint (step {entry['best_step']}) is damaged" in damaged.stderr
 
 
 def test_export_errors_exit_nonzero_with_a_clear_message(write_study, tmp_path):
