@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 
 def setup(quiet: bool = False, verbose: bool = False) -> None:
@@ -18,3 +19,16 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     optuna.logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
     for name in ("absl", "jax", "orbax"):
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
+    if not verbose:
+        sys.unraisablehook = _quiet_closed_loop
+
+
+def _quiet_closed_loop(unraisable: Any) -> None:
+    """After a failed Orbax restore, tensorstore's pending callbacks reach Orbax's closed event loop
+    and report "RuntimeError: Event loop is closed" as unraisable (from C, another thread). The
+    restore error itself is reported to the user; this echo is library noise, shown with --verbose."""
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+        logging.getLogger("sweep").debug("ignored library noise: %s", exc)
+        return
+    sys.__unraisablehook__(unraisable)
