@@ -108,6 +108,37 @@ class _Watched:
         return None
 
 
+def _kill_after(victim: _Watched, study: Path, step: int) -> None:
+    """SIGKILL `victim` as soon as its trial has reported `step`.
+
+    Polls one open storage (a fresh `load_study` per poll costs tens of ms, long enough for a
+    fast trial to run to its end between two polls on a loaded machine).
+    """
+    raw = yaml.safe_load(study.read_text())
+    db = Path(raw["workdir"]) / "study.db"
+    storage = None
+    while True:
+        if victim.proc.poll() is not None:
+            time.sleep(0.2)  # let the reader thread collect the last lines
+            if victim.proc.returncode != 0:
+                raise SweepError(f"the drill's run failed (exit {victim.proc.returncode}):\n"
+                                 + "".join(line for _, line in victim.lines).strip())
+            raise SweepError(f"the drill's run finished before it could be killed at step {step}; "
+                             "use more train.steps")
+        trials = []
+        try:  # the database, its tables or the study may not exist yet
+            if storage is None and db.exists():
+                storage = optuna.storages.RDBStorage(f"sqlite:///{db}", skip_table_creation=True)
+            if storage is not None:
+                trials = storage.get_all_trials(storage.get_study_id_from_name(raw["name"]), deepcopy=False)
+        except Exception:  # noqa: BLE001
+            storage = None
+        if trials and max(trials[0].intermediate_values, default=0) >= step:
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            return
+        time.sleep(0.002)
+
+
 def _compare(ref: optuna.trial.FrozenTrial, got: optuna.trial.FrozenTrial) -> list[str]:
     out = []
     for name in ("state", "params", "value", "intermediate_values"):
@@ -132,14 +163,7 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         drilled = _copy(config, root, "drill")
         ckpt_dir = root / "drill" / "checkpoints" / "trial_0000"
         victim = _Watched(drilled)
-        while True:  # kill as soon as the trial has evaluated step kill_at
-            trial = _trial(drilled)
-            if trial is not None and max(trial.intermediate_values, default=0) >= kill_at:
-                break
-            if victim.proc.poll() is not None:
-                raise SweepError("the drill's run finished before it could be killed; use more train.steps")
-            time.sleep(0.005)
-        os.kill(victim.proc.pid, signal.SIGKILL)
+        _kill_after(victim, drilled, kill_at)
         killed_time = time.time()
         victim.proc.wait()
         killed_step = max(_finished_trial(drilled).intermediate_values)

@@ -86,8 +86,12 @@ def _next_trial(config: Config, study: optuna.Study, claims: Claims, deadline: f
     running = sorted(_running(study), key=lambda t: t.number)
     live = claims.live_owners(trial_key(t._trial_id) for t in running)
     for t in running:
-        if trial_key(t._trial_id) not in live and claims.try_take(trial_key(t._trial_id)):
-            return Claimed(t._trial_id, t.number, adopted=True)
+        key = trial_key(t._trial_id)
+        if key not in live and claims.try_take(key):
+            # Its owner may have finished it and released the claim since `running` was read.
+            if study._storage.get_trial(t._trial_id).state == TrialState.RUNNING:
+                return Claimed(t._trial_id, t.number, adopted=True)
+            claims.release(key)
     if study._storage.get_n_trials(study._study_id) >= config.study.n_trials or _past(deadline):
         return None
     trial = study.ask()
