@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import traceback
@@ -21,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--n-jobs", type=int, default=None, help="trials at once (overrides parallel.n_jobs)")
     run.add_argument("--quiet", action="store_true", help="only warnings, errors and the summary")
     run.add_argument("--verbose", action="store_true", help="also library logs (JAX, Orbax, Optuna)")
+    run.add_argument("--log-every", type=float, default=30.0, metavar="SECONDS",
+                     help="when stderr is not a terminal: seconds between progress lines (default 30)")
     status = sub.add_parser("status", help="what every trial is doing / has done")
     status.add_argument("study_file", metavar="STUDY.yaml")
     status.add_argument("--json", action="store_true", help="machine-readable output (see CONTRACT)")
@@ -29,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     export.add_argument("--trial", type=int, default=None, metavar="N", help="export only trial N")
     export.add_argument("--include-pruned", action="store_true", help="also export PRUNED trials")
+    plot = sub.add_parser("plot", help="optimization history, importances and every trial's learning curve")
+    plot.add_argument("study_file", metavar="STUDY.yaml")
+    plot.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     drill = sub.add_parser("drill", help="recovery drill: kill a short copy of the study, restart it, measure")
     drill.add_argument("study_file", metavar="STUDY.yaml")
     drill.add_argument("--seed", type=int, default=None, help="seed of the random kill step")
@@ -44,8 +50,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     n_jobs = args.n_jobs if args.n_jobs is not None else config.study.parallel.n_jobs
     if n_jobs < 1:
         raise UsageError(f"--n-jobs: must be >= 1, got {n_jobs}")
+    if not args.log_every > 0:
+        raise UsageError(f"--log-every: must be > 0, got {args.log_every}")
     check_config(config)
-    from sweep import logs, summary
+    from sweep import logs, progress, summary
 
     logs.setup(args.quiet, args.verbose)
     from sweep.runner import StopSignal
@@ -53,7 +61,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     stop = StopSignal(config.study.checkpoint.grace_seconds)
     stop.install()
-    study = run_workers(config, n_jobs, stop, quiet=args.quiet, verbose=args.verbose)
+    view = contextlib.nullcontext() if args.quiet else progress.Display(
+        config, live=sys.stderr.isatty(), every_s=args.log_every)
+    with view:
+        study = run_workers(config, n_jobs, stop, quiet=args.quiet, verbose=args.verbose)
     print(summary.text(config, study))
     return 0
 
@@ -64,7 +75,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     config = config_lib.load(args.study_file)
     report = status.collect(config)
-    print(json.dumps(report, indent=1) if args.json else status.table(report))
+    print(json.dumps(report, indent=1) if args.json else status.table(report, highlight=sys.stdout.isatty()))
     return 0
 
 
@@ -82,6 +93,26 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']} "
               f"-> {Path(args.out) / entry['dir']}")
     print(f"exported {len(index['trials'])} trial(s) of study {config.name} to {args.out} (best first, index.json)")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sweep import config as config_lib
+    from sweep import logs
+    from sweep.plot import plot
+
+    config = config_lib.load(args.study_file)
+    logs.setup()
+    out = Path(args.out)
+    written = plot(config, out)
+    curves = [p for p in written if p.parent.name == "curves"]
+    for path in written:
+        if path not in curves:
+            print(path)
+    print(f"{out / 'curves'}: learning curves of {len(curves) // 2} trial(s) (PNG + HTML)")
+    print(f"wrote {len(written)} files to {out}")
     return 0
 
 
@@ -105,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed usage; its code is 2 for errors, 0 for --help
         return int(exc.code or 0)
     try:
-        return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "drill": _cmd_drill}[args.command](args)
+        return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "plot": _cmd_plot,
+                "drill": _cmd_drill}[args.command](args)
     except Interrupted as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -191,6 +191,11 @@ def newest_mtime(directory: str | os.PathLike[str]) -> float | None:
     return max((e.stat().st_mtime for e in _step_dirs(directory)), default=None)
 
 
+def kept_steps(directory: str | os.PathLike[str]) -> list[int]:
+    """The committed steps on disk, ascending, without Orbax (for plots)."""
+    return sorted(int(e.name) for e in _step_dirs(directory))
+
+
 def newest_step(directory: str | os.PathLike[str]) -> int | None:
     """The newest committed step (uncommitted saves are `<step>.orbax-checkpoint-tmp`), without Orbax."""
     return max((int(e.name) for e in _step_dirs(directory)), default=None)

@@ -7,8 +7,16 @@ import sys
 from typing import Any
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is now: the live progress view swaps it to print above itself."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def setup(quiet: bool = False, verbose: bool = False) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[sweep %(asctime)s] %(message)s", "%H:%M:%S"))
     log = logging.getLogger("sweep")
     log.handlers[:] = [handler]

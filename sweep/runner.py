@@ -21,6 +21,9 @@ from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
 
 log = logging.getLogger("sweep")
+# trial number -> its current step, for the progress view of this process (reports come only
+# every eval_every steps; a dict write per step costs nothing next to a step).
+CURRENT_STEPS: dict[int, int] = {}
 
 
 class Reporter(Protocol):
@@ -124,6 +127,7 @@ def run_trial(
     reported: Mapping[int, float],
     ckpt: TrialCheckpoints,
     stop: StopSignal,
+    on_restore: Callable[[int], None] | None = None,
 ) -> Outcome:
     """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
 
@@ -133,6 +137,7 @@ def run_trial(
     Args:
         reported: intermediate values already stored (from before an interruption); only new
             steps are reported again.
+        on_restore: called with the step a checkpoint was restored from, before training.
 
     Raises:
         Interrupted: a signal arrived; the current step was checkpointed first.
@@ -146,6 +151,8 @@ def run_trial(
         start, state = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
         if start is not None:
             log.info("trial %d: resumed from step %d", number, start)
+            if on_restore is not None:
+                on_restore(start)
         step = int(state["step"])
         best = _best_of(reported, step, sign)
         train_step, evaluate = _compile(module, hp, tx)
@@ -182,6 +189,7 @@ def run_trial(
                     stop.check()
             params, opt_state, loss = train_step(params, opt_state, key, data, np.int32(step))
             step += 1
+            CURRENT_STEPS[number] = step
             evaluated = None
             if announce_first_step:
                 announce_first_step = False
@@ -191,6 +199,8 @@ def run_trial(
     except Interrupted:
         ckpt.wait()
         raise
+    finally:
+        CURRENT_STEPS.pop(number, None)
 
 
 def _best_of(reported: Mapping[int, float], step: int, sign: float) -> _Best:

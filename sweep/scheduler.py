@@ -139,7 +139,8 @@ def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, frozen: 
         ckpt = open_checkpoints(config, number, ckpt_dir)
         try:
             outcome = run_trial(config, number, config.hyperparameters(params), trial,
-                                dict(frozen.intermediate_values), ckpt, stop)
+                                dict(frozen.intermediate_values), ckpt, stop,
+                                on_restore=lambda step: _record_resume(trial, step))
             # Recorded while the final save is still being written; told only once it is on disk.
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
                                 ("last_step", outcome.last_step)):
@@ -160,6 +161,12 @@ def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, frozen: 
             frozen = study._storage.get_trial(frozen._trial_id)  # the failed attempt's new reports
         finally:
             ckpt.close()
+
+
+def _record_resume(trial: optuna.Trial, step: int) -> None:
+    """Append `step` to the trial's `resumed_from` user attribute (plot marks it on the curve)."""
+    steps = trial.study._storage.get_trial(trial._trial_id).user_attrs.get("resumed_from", [])
+    trial.set_user_attr("resumed_from", [*steps, step])
 
 
 def _log_start(study: optuna.Study, claims: Claims) -> None:

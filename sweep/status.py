@@ -62,8 +62,8 @@ def _entry(t: FrozenTrial, live: dict[str, str], direction: str) -> dict[str, An
     }
 
 
-def table(status: dict[str, Any]) -> str:
-    """A fixed-width table, sorted by number, with the best trial marked by '*'."""
+def table(status: dict[str, Any], highlight: bool = False) -> str:
+    """A fixed-width table, sorted by number, with the best trial marked by '*' (and bold if `highlight`)."""
     complete = [t for t in status["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
     sign = 1 if status["direction"] == "minimize" else -1
     best = min(complete, key=lambda t: sign * t["value"])["number"] if complete else None
@@ -78,6 +78,9 @@ def table(status: dict[str, Any]) -> str:
                      _fmt(t["last_step"]), str(t["resumes"]), _age(now - mtime) if mtime else "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if highlight and best is not None:
+        i = 1 + [t["number"] for t in status["trials"]].index(best)
+        lines[i] = f"\x1b[1m{lines[i]}\x1b[0m"
     n_done = sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in status["trials"])
     lines.insert(0, f"study {status['study']}: {n_done}/{status['n_trials']} trials finished ({status['storage']})")
     return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""`plot`: pictures of a study (Optuna's own plots) and of every trial's learning curve, as HTML and PNG.
+
+The study-level figures are `optuna.visualization` (plotly, HTML) and
+`optuna.visualization.matplotlib` (PNG) unchanged. The learning curve of a trial is drawn here
+because no library knows where its checkpoints and resumes are: markers at the kept checkpoints
+(the step folders on disk), the best step and each step a run resumed from.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.best import best_of_reports
+from sweep.checkpoints import kept_steps
+from sweep.config import Config
+from sweep.errors import SweepError
+from sweep.study import load_study, open_storage
+
+log = logging.getLogger("sweep")
+
+
+def plot(config: Config, out: Path) -> list[Path]:
+    """Write the study's figures and every trial's learning curve under `out`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen
+    study = load_study(config, open_storage(config, create=False), create=False)
+    trials = [t for t in study.get_trials(deepcopy=False) if t.intermediate_values or t.state == TrialState.COMPLETE]
+    if not trials:
+        raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
+    out.mkdir(parents=True, exist_ok=True)
+    written = _study_figures(study, out)
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.intermediate_values:
+            written += _learning_curve(config, t, out / "curves")
+    return written
+
+
+def _study_figures(study: optuna.Study, out: Path) -> list[Path]:
+    from optuna import visualization as vis
+    from optuna.visualization import matplotlib as vis_mpl
+
+    figures: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
+        ("optimization_history", vis.plot_optimization_history, vis_mpl.plot_optimization_history),
+        ("intermediate_values", vis.plot_intermediate_values, vis_mpl.plot_intermediate_values),
+        ("param_importances", vis.plot_param_importances, vis_mpl.plot_param_importances),
+        ("parallel_coordinate", vis.plot_parallel_coordinate, vis_mpl.plot_parallel_coordinate),
+    ]
+    written = []
+    for name, html_fn, png_fn in figures:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                fig = html_fn(study)
+                ax = png_fn(study)
+        except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+            # Parameter importances need two complete trials with different params, for one.
+            log.warning("plot: %s skipped: %s", name, exc)
+            continue
+        written.append(_write_html(fig, out / f"{name}.html"))
+        written.append(_save_png(_figure_of(ax), out / f"{name}.png"))
+    return written
+
+
+def _figure_of(ax: Any) -> Any:
+    first = ax.flat[0] if hasattr(ax, "flat") else ax
+    return first.figure
+
+
+def _write_html(fig: Any, path: Path) -> Path:
+    # "directory": one plotly.min.js beside the files, so they open offline and stay small.
+    fig.write_html(str(path), include_plotlyjs="directory")
+    return path
+
+
+def _save_png(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def markers(config: Config, t: FrozenTrial) -> dict[str, list[int]]:
+    """Steps to mark on a trial's curve: kept checkpoints, the best step, the steps runs resumed from."""
+    reports = t.intermediate_values
+    best = t.user_attrs.get("best_step")
+    if best is None:
+        best = (best_of_reports(reports, config.study.objective.direction) or (None, None))[0]
+    ckpt_dir = t.user_attrs.get("checkpoint_dir")
+    return {
+        "checkpoint": [s for s in kept_steps(ckpt_dir) if s in reports] if ckpt_dir else [],
+        "best": [best] if best is not None else [],
+        "resumed": [int(s) for s in t.user_attrs.get("resumed_from", []) if s in reports],
+    }
+
+
+def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+    import plotly.graph_objects as go
+
+    out.mkdir(parents=True, exist_ok=True)
+    metric = config.study.objective.metric
+    steps = sorted(t.intermediate_values)
+    values = [t.intermediate_values[s] for s in steps]
+    marks = markers(config, t)
+    title = f"trial {t.number} ({t.state.name.lower()}): {metric} per step"
+    styles = {"checkpoint": ("s", "tab:green", "kept checkpoint"), "best": ("*", "tab:red", "best step"),
+              "resumed": ("v", "tab:purple", "resumed from")}
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(steps, values, color="tab:blue", lw=1.5, label=metric)
+    for kind, at in marks.items():
+        marker, color, label = styles[kind]
+        if at:
+            ax.scatter(at, [t.intermediate_values[s] for s in at], marker=marker, color=color, s=90 if kind == "best"
+                       else 50, zorder=3, label=f"{label} ({', '.join(map(str, at))})")
+        if kind == "resumed":
+            for s in at:
+                ax.axvline(s, color=color, ls=":", lw=1)
+    ax.set(title=title, xlabel="step", ylabel=metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    png = _save_png(fig, out / f"trial_{t.number:04d}.png")
+
+    figure = go.Figure(go.Scatter(x=steps, y=values, mode="lines", name=metric))
+    for kind, at in marks.items():
+        marker, color, label = styles[kind]
+        symbol = {"s": "square", "*": "star", "v": "triangle-down"}[marker]
+        figure.add_trace(go.Scatter(x=at, y=[t.intermediate_values[s] for s in at], mode="markers", name=label,
+                                    marker={"symbol": symbol, "size": 12, "color": color.removeprefix("tab:")}))
+    figure.update_layout(title=title, xaxis_title="step", yaxis_title=metric)
+    html = _write_html(figure, out / f"trial_{t.number:04d}.html")
+    return [png, html]

@@ -1,0 +1,220 @@
+"""Live progress of `run`: a table redrawn on a terminal, timestamped log lines anywhere else.
+
+Progress is read from Optuna's storage (reports, states, claims) and the checkpoint folders, not
+from the training loop: one view for one process, joblib workers and other hosts alike, and
+nothing for the trial code to call. Its resolution is one evaluation (`train.eval_every`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+from optuna.trial import TrialState
+
+from sweep.checkpoints import newest_mtime
+from sweep.claims import Claims, trial_key
+from sweep.config import Config
+
+log = logging.getLogger("sweep")
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialLine:
+    number: int
+    step: int  # newest reported step
+    total: int
+    value: float | None  # the newest evaluation of the objective metric
+    best: float | None
+    steps_per_s: float | None
+    ckpt_age_s: float | None
+
+    @property
+    def eta_s(self) -> float | None:
+        return (self.total - self.step) / self.steps_per_s if self.steps_per_s else None
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyLine:
+    finished: int
+    n_trials: int
+    best_value: float | None
+    best_number: int | None
+
+
+class Monitor:
+    """Polls a study's storage; keeps what it needs to tell a trial's speed between polls."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._storage: Any = None
+        self._study_id: int | None = None
+        self._claims: Claims | None = None
+        # number -> (time, step) when first seen, and when its step first changed: a step seen on a
+        # report boundary (the first change) times whole steps; first sight is a rougher start.
+        self._first_seen: dict[int, tuple[float, int]] = {}
+        self._first_change: dict[int, tuple[float, int]] = {}
+        self._study_line: tuple[frozenset[int], float, StudyLine] | None = None
+
+    def _open(self) -> bool:
+        if self._storage is not None:
+            return True
+        from sweep.errors import SweepError
+        from sweep.study import open_storage
+
+        try:  # the study may not exist yet: joblib workers create it
+            storage = open_storage(self.config, create=False)
+            study_id = storage.get_study_id_from_name(self.config.name)
+        except (SweepError, KeyError):
+            return False
+        self._storage, self._study_id = storage, study_id
+        self._claims = Claims(storage.engine, study_id)
+        return True
+
+    def poll(self) -> tuple[StudyLine, list[TrialLine]] | None:
+        """The study line and one line per trial with a live worker; None before the study exists."""
+        if not self._open():
+            return None
+        assert self._claims is not None
+        running = self._storage.get_all_trials(self._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+        live = self._claims.live_owners(trial_key(t._trial_id) for t in running)
+        now = time.time()
+        lines = [self._line(t, now) for t in sorted(running, key=lambda t: t.number)
+                 if trial_key(t._trial_id) in live]
+        return self._study(frozenset(t._trial_id for t in running), now), lines
+
+    def _study(self, running: frozenset[int], now: float) -> StudyLine:
+        """Counting finished trials reads them all (~10 ms per state on a 20-trial SQLite study): only
+        when the set of running trials changed, or every 10 s for other hosts' work."""
+        if self._study_line is not None:
+            ids, when, line = self._study_line
+            if ids == running and now - when < 10:
+                return line
+        storage, sid = self._storage, self._study_id
+        finished = sum(storage.get_n_trials(sid, state=s) for s in FINISHED)
+        try:
+            best = storage.get_best_trial(sid)
+            best_value, best_number = best.value, best.number
+        except ValueError:  # no COMPLETE trial yet
+            best_value = best_number = None
+        line = StudyLine(finished, self.config.study.n_trials, best_value, best_number)
+        self._study_line = (running, now, line)
+        return line
+
+    def _line(self, t: Any, now: float) -> TrialLine:
+        from sweep.runner import CURRENT_STEPS
+
+        reports = t.intermediate_values
+        step = max(max(reports, default=0), CURRENT_STEPS.get(t.number, 0))
+        seen = self._first_seen.setdefault(t.number, (now, step))
+        if step != seen[1] and t.number not in self._first_change:
+            self._first_change[t.number] = (now, step)
+        t0, s0 = self._first_change.get(t.number, seen)
+        if step == s0 and t.number in self._first_change:
+            t0, s0 = seen
+        rate = (step - s0) / (now - t0) if step > s0 and now > t0 else None
+        sign = 1 if self.config.study.objective.direction == "minimize" else -1
+        mtime = newest_mtime(t.user_attrs["checkpoint_dir"]) if "checkpoint_dir" in t.user_attrs else None
+        return TrialLine(
+            number=t.number, step=step, total=self.config.study.train.steps,
+            value=reports[max(reports)] if reports else None,
+            best=min(reports.values(), key=lambda v: sign * v) if reports else None,
+            steps_per_s=rate, ckpt_age_s=now - mtime if mtime else None)
+
+
+def _fmt(v: float | None, spec: str = ".4g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def study_text(s: StudyLine, metric: str) -> str:
+    best = f"best {metric}={_fmt(s.best_value, '.6g')} (trial {s.best_number})" if s.best_number is not None \
+        else "no trial complete yet"
+    return f"{s.finished}/{s.n_trials} trials finished, {best}"
+
+
+def trial_text(t: TrialLine, metric: str) -> str:
+    """One plain log line for a running trial."""
+    return (f"trial {t.number}: step {t.step}/{t.total}, {metric}={_fmt(t.value)} (best {_fmt(t.best)}), "
+            f"{_fmt(t.steps_per_s, '.0f')} steps/s, eta {_duration(t.eta_s)}, "
+            f"checkpoint {_duration(t.ckpt_age_s)} ago")
+
+
+def table(study: StudyLine, trials: list[TrialLine], metric: str) -> Any:
+    """The live view: one row per running trial, the study line as its title."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    t = Table(title=study_text(study, metric), title_justify="left", expand=False, box=None, pad_edge=False)
+    for name, justify in (("trial", "right"), ("", "left"), ("step", "right"), (metric, "right"),
+                          ("best", "right"), ("steps/s", "right"), ("eta", "right"), ("checkpoint", "right")):
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for line in trials:
+        t.add_row(str(line.number), ProgressBar(total=line.total, completed=line.step, width=24),
+                  f"{line.step}/{line.total}", _fmt(line.value), _fmt(line.best), _fmt(line.steps_per_s, ".0f"),
+                  _duration(line.eta_s), f"{_duration(line.ckpt_age_s)} ago" if line.ckpt_age_s is not None else "-")
+    return t
+
+
+class Display:
+    """Runs the monitor beside `run`: a rich Live table on a terminal, else a log line per trial.
+
+    Args:
+        live: redraw a table (stderr is a terminal) instead of writing log lines.
+        every_s: seconds between two log lines of a trial when not `live`.
+    """
+
+    def __init__(self, config: Config, live: bool, every_s: float = 30.0, console: Any = None) -> None:
+        self.monitor, self.live, self.every_s = Monitor(config), live, every_s
+        self.metric = config.study.objective.metric
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sweep-progress", daemon=True)
+        self._console = console
+
+    def __enter__(self) -> "Display":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        try:
+            self._live_loop() if self.live else self._log_loop()
+        except Exception as exc:  # a view must never take the study down  # noqa: BLE001
+            log.debug("progress view stopped: %r", exc)
+
+    def _log_loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            polled = self.monitor.poll()
+            if polled is None:
+                continue
+            study, trials = polled
+            for line in trials:
+                log.info("%s", trial_text(line, self.metric))
+            log.info("study: %s", study_text(study, self.metric))
+
+    def _live_loop(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        console = self._console or Console(stderr=True)
+        with Live(console=console, refresh_per_second=2, transient=True, redirect_stderr=True,
+                  redirect_stdout=False) as live:
+            while not self._stop.is_set():
+                polled = self.monitor.poll()
+                if polled is not None:
+                    live.update(table(*polled, self.metric))
+                self._stop.wait(0.5)
