@@ -114,20 +114,21 @@ def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
     styles = {"checkpoint": ("s", "tab:green", "kept checkpoint"), "best": ("*", "tab:red", "best step"),
               "resumed": ("v", "tab:purple", "resumed from")}
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.plot(steps, values, color="tab:blue", lw=1.5, label=metric)
-    for kind, at in marks.items():
-        marker, color, label = styles[kind]
-        if at:
-            ax.scatter(at, [t.intermediate_values[s] for s in at], marker=marker, color=color, s=90 if kind == "best"
-                       else 50, zorder=3, label=f"{label} ({', '.join(map(str, at))})")
-        if kind == "resumed":
-            for s in at:
-                ax.axvline(s, color=color, ls=":", lw=1)
-    ax.set(title=title, xlabel="step", ylabel=metric)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    png = _save_png(fig, out / f"trial_{t.number:04d}.png")
+    with plt.style.context("ggplot"):  # the style of Optuna's matplotlib figures beside it
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        ax.plot(steps, values, color="tab:blue", lw=1.5, label=metric)
+        for kind, at in marks.items():
+            marker, color, label = styles[kind]
+            if at:
+                ax.scatter(at, [t.intermediate_values[s] for s in at], marker=marker, color=color,
+                           s=90 if kind == "best" else 50, zorder=3, label=f"{label} ({', '.join(map(str, at))})")
+            if kind == "resumed":
+                for s in at:
+                    ax.axvline(s, color=color, ls=":", lw=1)
+        ax.set(title=title, xlabel="step", ylabel=metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        png = _save_png(fig, out / f"trial_{t.number:04d}.png")
 
     figure = go.Figure(go.Scatter(x=steps, y=values, mode="lines", name=metric))
     for kind, at in marks.items():
