@@ -20,7 +20,7 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     handler.setFormatter(logging.Formatter("[sweep %(asctime)s] %(message)s", "%H:%M:%S"))
     log = logging.getLogger("sweep")
     log.handlers[:] = [handler]
-    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
     log.propagate = False
     import optuna
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -89,18 +91,149 @@ class _Best:
         return False
 
 
-def _compile(module: Any, hp: Mapping[str, Any], tx: optax.GradientTransformation) -> tuple[Callable, Callable]:
-    def train_step(params, opt_state, key, data, step):
-        batch_key, loss_key = jax.random.split(jax.random.fold_in(key, step))
-        batch = module.batch(hp, data, batch_key)
-        loss, grads = jax.value_and_grad(lambda p: module.loss(hp, p, batch, loss_key))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A trial's jitted training window and evaluation, shared by all trials of equal static hyperparameters.
 
-    def evaluate(params, data):
-        return module.evaluate(hp, params, data)
+    Float hyperparameters sampled from the search space are traced arguments, not constants, so a
+    new learning rate does not compile anew (and JAX's persistent cache serves the next process).
+    """
 
-    return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(evaluate)
+    window: Callable  # (params, opt_state, key, data, start, n, traced_hp) -> (params, opt_state, loss)
+    evaluate: Callable  # (params, data, traced_hp) -> metrics
+    traced: tuple[str, ...]
+
+
+_COMPILED: "collections.OrderedDict[tuple[Any, ...], Compiled]" = collections.OrderedDict()
+_COMPILED_MAX = 8  # bounded: a study of many shapes must not keep every executable alive
+
+
+def compiled(module: Any, hp: Mapping[str, Any], traced: tuple[str, ...]) -> Compiled:
+    """The compiled functions for `hp`, with the names in `traced` passed as arguments (cached)."""
+    static = {k: v for k, v in hp.items() if k not in traced}
+    key = (module.__name__, id(module), repr(sorted(static.items())), traced)
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
+
+    def window(params, opt_state, rng, data, start, n, traced_hp):
+        # One compiled loop over steps [start, start + n): no Python dispatch per step. The body is
+        # a function of (state, step) only, so any split of the steps into windows gives the same
+        # bits (checked by the tests); windows therefore need no alignment beyond step numbers.
+        full = {**static, **traced_hp}
+        tx = module.optimizer(full)
+
+        def body(step, carry):
+            params, opt_state, _ = carry
+            batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
+            batch = module.batch(full, data, batch_key)
+            loss, grads = jax.value_and_grad(lambda p: module.loss(full, p, batch, loss_key))(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, jnp.asarray(loss, jnp.float32)
+
+        return jax.lax.fori_loop(start, start + n, body, (params, opt_state, jnp.zeros((), jnp.float32)))
+
+    def evaluate(params, data, traced_hp):
+        return module.evaluate({**static, **traced_hp}, params, data)
+
+    out = Compiled(jax.jit(window, donate_argnums=(0, 1)), jax.jit(evaluate), traced)
+    _COMPILED[key] = out
+    if len(_COMPILED) > _COMPILED_MAX:
+        _COMPILED.popitem(last=False)
+    return out
+
+
+def traced_names(config: Config, hp: Mapping[str, Any]) -> tuple[str, ...]:
+    """Sampled float hyperparameters: the ones that differ between trials of equal shapes."""
+    return tuple(sorted(k for k in config.study.search_space if isinstance(hp.get(k), float)))
+
+
+WINDOW_SECONDS = 0.2  # a training window's target length: bounds the reaction to SIGTERM and every_seconds
+# Trace errors of a trial that branches in Python on a float hyperparameter: it then gets that
+# hyperparameter as a constant (a compile per value), which is slower but correct.
+_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                 jax.errors.TracerArrayConversionError)
+_UNTRACEABLE: set[tuple[str, str, tuple[str, ...]]] = set()
+
+
+class _Functions:
+    """The trial's window and evaluation, traced float hyperparameters where the trial allows it."""
+
+    def __init__(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...]) -> None:
+        self.module, self.hp, self.traced = module, hp, traced
+        self.cap = 1  # steps in the next window at most; the first one includes the compilation
+        self._timed = False
+
+    def _call(self, kind: str, *args: Any) -> Any:
+        traced = self.traced
+        if (self.module.__name__, kind, traced) in _UNTRACEABLE:
+            traced = ()
+        fn = getattr(compiled(self.module, self.hp, traced), kind)
+        try:
+            return fn(*args, {k: self.hp[k] for k in traced})
+        except _TRACE_ERRORS as exc:
+            if not traced:
+                raise
+            log.debug("%s: %s of a float hyperparameter needs its value; compiling it as a constant (%s)",
+                      self.module.__name__, kind, type(exc).__name__)
+            _UNTRACEABLE.add((self.module.__name__, kind, traced))
+            return self._call(kind, *args)
+
+    def evaluate(self, params: Any, data: Any) -> Any:
+        return self._call("evaluate", params, data)
+
+    def window(self, params: Any, opt_state: Any, key: Any, data: Any, start: int, n: int) -> Any:
+        t0 = time.perf_counter()
+        out = self._call("window", params, opt_state, key, data, np.int32(start), np.int32(n))
+        out[2].block_until_ready()
+        # Windows grow to WINDOW_SECONDS of steps, timed after the first (which compiled).
+        if self._timed:
+            per_step = (time.perf_counter() - t0) / n
+            self.cap = max(1, min(self.cap * 8, int(WINDOW_SECONDS / max(per_step, 1e-9))))
+        self._timed = True
+        return out
+
+
+def _window_end(step: int, total: int, eval_every: int, every_steps: int | None, cap: int) -> int:
+    """The end of the next window: the next evaluation, periodic save or last step, `cap` steps at most."""
+    ends = [total, (step // eval_every + 1) * eval_every, step + cap]
+    if every_steps:
+        ends.append((step // every_steps + 1) * every_steps)
+    return min(ends)
+
+
+# Executables this process needed ("requests"), and of those the ones the persistent cache served
+# ("cache_hits"); XLA compiled the rest. From JAX's monitoring events; `--verbose` logs them per trial.
+COMPILES: collections.Counter[str] = collections.Counter()
+
+
+def compilations(counts: collections.Counter[str] | None = None) -> int:
+    """XLA compilations in `counts` (default: this process so far)."""
+    counts = COMPILES if counts is None else counts
+    return counts["requests"] - counts["cache_hits"]
+
+
+def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":  # also timed around a cache hit
+        COMPILES["requests"] += 1
+
+
+def _on_event(event: str, **kwargs: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        COMPILES["cache_hits"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+jax.monitoring.register_event_listener(_on_event)
+
+
+def use_compilation_cache(directory: Path) -> None:
+    """JAX's persistent compilation cache in `directory`: a resumed trial, a new process or another
+    worker finds the executables already compiled for these shapes (every compile is cached: ours
+    take ~0.5 s, under JAX's default 1 s threshold)."""
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def initial_state(config: Config, number: int, hp: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
@@ -145,6 +278,7 @@ def run_trial(
     study, module = config.study, config.trial_module
     metric, direction = study.objective.metric, study.objective.direction
     total, eval_every = study.train.steps, study.train.eval_every
+    compiles_before = COMPILES.copy()
     try:
         state, data, tx = initial_state(config, number, hp)
         sign = 1.0 if direction == "minimize" else -1.0
@@ -155,7 +289,7 @@ def run_trial(
                 on_restore(start)
         step = int(state["step"])
         best = _best_of(reported, step, sign)
-        train_step, evaluate = _compile(module, hp, tx)
+        fns = _Functions(module, hp, traced_names(config, hp))
         params, opt_state, key = state["params"], state["opt_state"], state["key"]
         cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
         evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
@@ -168,7 +302,7 @@ def run_trial(
             if step > 0 and (step % eval_every == 0 or step == total):
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.
-                value = _evaluate(evaluate, params, data, metric, number, step)
+                value = _evaluate(fns.evaluate(params, data), metric, number, step)
                 evaluated = {metric: value}
                 if step not in reported:
                     reporter.report(value, step)
@@ -187,8 +321,9 @@ def run_trial(
                     log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
                                 number, step)
                     stop.check()
-            params, opt_state, loss = train_step(params, opt_state, key, data, np.int32(step))
-            step += 1
+            end = _window_end(step, total, eval_every, study.checkpoint.every_steps, fns.cap)
+            params, opt_state, loss = fns.window(params, opt_state, key, data, step, end - step)
+            step = end
             CURRENT_STEPS[number] = step
             evaluated = None
             if announce_first_step:
@@ -201,6 +336,9 @@ def run_trial(
         raise
     finally:
         CURRENT_STEPS.pop(number, None)
+        done = COMPILES - compiles_before
+        log.debug("trial %d: %d XLA compilation(s), %d executable(s) from the persistent cache", number,
+                  compilations(done), done["cache_hits"])
 
 
 def _best_of(reported: Mapping[int, float], step: int, sign: float) -> _Best:
@@ -217,8 +355,8 @@ def _best_step(best: _Best) -> int:
     return best.step
 
 
-def _evaluate(evaluate: Callable, params: Any, data: Any, metric: str, number: int, step: int) -> float:
-    value = float(evaluate(params, data)[metric])
+def _evaluate(metrics: Mapping[str, Any], metric: str, number: int, step: int) -> float:
+    value = float(metrics[metric])
     if not math.isfinite(value):
         raise NonFiniteMetric(f"trial {number}: {metric} is {value} at step {step} (non-finite); the trial failed")
     return value

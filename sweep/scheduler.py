@@ -15,7 +15,7 @@ from sweep.checkpoints import newest_step
 from sweep.claims import Claims, trial_key
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
-from sweep.runner import Outcome, StopSignal, open_checkpoints, run_trial
+from sweep.runner import Outcome, StopSignal, open_checkpoints, run_trial, use_compilation_cache
 from sweep.study import creation_lock, load_study, open_storage, suggest_all
 
 log = logging.getLogger("sweep")
@@ -46,6 +46,7 @@ def run(config: Config, stop: StopSignal) -> optuna.Study:
         Interrupted: on SIGTERM/SIGINT, after the running trial was checkpointed.
     """
     study, claims = open_study(config)
+    use_compilation_cache(config.workdir / "jax_cache")
     _log_start(study, claims)
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()

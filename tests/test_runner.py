@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import textwrap
 import time
 
-from conftest import Running, run_cli, study_of
+from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
 
 FLAKY_TRIAL = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np, optax
@@ -178,3 +179,105 @@ def test_every_seconds_alone_checkpoints_mid_trial(write_study):
 
     steps = sorted(int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit())
     assert len(steps) >= 3 and any(s % 1000 for s in steps)  # saved by the clock, between evaluations
+
+
+class _Recorder:
+    """A Reporter that keeps the reports and never prunes."""
+
+    def __init__(self) -> None:
+        self.reports: dict[int, float] = {}
+
+    def report(self, value: float, step: int) -> None:
+        self.reports[step] = value
+
+    def should_prune(self) -> bool:
+        return False
+
+
+def _train(config, number, params, directory, reported=None):
+    from sweep import runner
+
+    hp = config.hyperparameters(params)
+    recorder, ckpt = _Recorder(), runner.open_checkpoints(config, number, directory)
+    try:
+        outcome = runner.run_trial(config, number, hp, recorder, reported or {}, ckpt, runner.StopSignal())
+        ckpt.wait()
+        state = ckpt.restore(outcome.last_step, runner.initial_state(config, number, hp)[0])
+    finally:
+        ckpt.close()
+    return recorder.reports, state
+
+
+def test_any_split_into_windows_gives_the_same_bits(write_study, tmp_path, monkeypatch):
+    import jax
+    import numpy as np
+
+    from sweep import config as config_lib
+    from sweep import runner
+
+    config = config_lib.load(write_study(train={"steps": 300, "eval_every": 50}))
+    results = []
+    for seconds in (0.0, 1e9):  # one step per window (a dispatch per step) vs whole evaluation intervals
+        monkeypatch.setattr(runner, "WINDOW_SECONDS", seconds)
+        results.append(_train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path / str(seconds)))
+    (reports_a, state_a), (reports_b, state_b) = results
+    assert len(reports_a) == 6 and reports_a == reports_b
+    leaves_a, leaves_b = jax.tree.leaves(state_a), jax.tree.leaves(state_b)
+    assert len(leaves_a) == len(leaves_b) and all(np.array_equal(a, b) for a, b in zip(leaves_a, leaves_b))
+
+
+def test_trials_of_equal_shapes_share_compiled_code(write_study, tmp_path):
+    from sweep import config as config_lib
+    from sweep import runner
+
+    config = config_lib.load(write_study(train={"steps": 100, "eval_every": 50}))
+    _train(config, 0, {"learning_rate": 0.01, "hidden": 48}, tmp_path / "a")  # compiles
+    before = runner.COMPILES.copy()
+    reports, _ = _train(config, 1, {"learning_rate": 0.002, "hidden": 48}, tmp_path / "b")
+    assert runner.compilations(runner.COMPILES - before) == 0 and len(reports) == 2
+    _train(config, 2, {"learning_rate": 0.002, "hidden": 64}, tmp_path / "c")  # a new shape does compile
+    assert runner.compilations(runner.COMPILES - before) > 0
+
+
+BRANCHY_TRIAL = textwrap.dedent('''
+    from trials.digits_mlp import *  # noqa: F401,F403
+    from trials import digits_mlp as _base
+
+    def loss(hp, params, batch, key):
+        # Python control flow on a float hyperparameter: it cannot be traced.
+        scale = 2.0 if hp["learning_rate"] > 0.01 else 1.0
+        return scale * _base.loss(hp, params, batch, key)
+''')
+
+
+def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study):
+    study = write_study(trial="branchy_trial", n_trials=2, pruner={"type": "none"},
+                        train={"steps": 100, "eval_every": 50})
+    (study.parent / "branchy_trial.py").write_text(BRANCHY_TRIAL)
+    result = run_cli("run", study, "--verbose", cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    assert "compiling it as a constant (TracerBoolConversionError)" in result.stderr
+    assert [t.state.name for t in study_of(study).trials] == ["COMPLETE", "COMPLETE"]
+
+
+def test_a_resumed_trial_compiles_nothing(write_study):
+    # The first resume may compile the few small ops of the restore path that the killed process
+    # never ran; from then on a resume gets every executable from the persistent cache.
+    study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 400000, "eval_every": 500},
+                        checkpoint={"every_steps": 1000})
+    proc = Running("run", study, cwd=study.parent)
+    wait_for_checkpoint(checkpoint_dir(study, 0), 2000)
+    kill9(proc)
+    first = Running("run", study, "--verbose", cwd=study.parent)
+    first.wait_for(r"trial 0: training again")
+    first.signal(signal.SIGTERM)
+    assert first.finish() == 143
+    again = Running("run", study, "--verbose", cwd=study.parent)
+    again.wait_for(r"trial 0: training again")
+    again.signal(signal.SIGTERM)
+    assert again.finish() == 143
+    counts = [re.search(r"trial 0: (\d+) XLA compilation\(s\), (\d+) executable\(s\) from the persistent cache",
+                        p.stderr) for p in (first, again)]
+    assert all(counts), again.stderr[-3000:]
+    assert int(counts[0].group(1)) <= 4  # not the training window or the evaluation (~30 executables)
+    assert int(counts[1].group(1)) == 0 and int(counts[1].group(2)) > 20
