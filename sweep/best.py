@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep.checkpoints import DamagedCheckpoint, TrialCheckpoints
 from sweep.config import Config
 from sweep.errors import SweepError
+from sweep.study import best_trial
 
 TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, computed once
 
@@ -82,10 +83,9 @@ def best_test_metrics(config: Config, study: optuna.Study) -> dict[str, Any] | N
 
     None when no trial is complete or the trial module has no `test` function.
     """
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete or not callable(getattr(config.trial_module, "test", None)):
+    best = best_trial(study)
+    if best is None or not callable(getattr(config.trial_module, "test", None)):
         return None
-    best = study.best_trial
     step, _ = best_step(best, config.study.objective.direction)
     cached = study.user_attrs.get(TEST_ATTR)
     if cached and cached.get("trial") == best.number and cached.get("step") == step:
@@ -136,9 +136,10 @@ def load_best(study_file: str | os.PathLike[str], trial: int | None = None) -> L
 
 def _pick(study: optuna.Study, number: int | None) -> FrozenTrial:
     if number is None:
-        if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        best = best_trial(study)
+        if best is None:
             raise SweepError(f"study {study.study_name!r} has no complete trial yet")
-        return study.best_trial
+        return best
     for t in study.get_trials(deepcopy=False):
         if t.number == number:
             if t.state not in (TrialState.COMPLETE, TrialState.PRUNED):

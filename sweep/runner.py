@@ -213,12 +213,12 @@ def compilations(counts: collections.Counter[str] | None = None) -> int:
     return counts["requests"] - counts["cache_hits"]
 
 
-def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
+def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
     if event == "/jax/core/compile/backend_compile_duration":  # also timed around a cache hit
         COMPILES["requests"] += 1
 
 
-def _on_event(event: str, **kwargs: Any) -> None:
+def _on_event(event: str, **kwargs: str | int) -> None:
     if event == "/jax/compilation_cache/cache_hits":
         COMPILES["cache_hits"] += 1
 
@@ -234,6 +234,9 @@ def use_compilation_cache(directory: Path) -> None:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # JAX otherwise puts XLA's GPU autotune-cache folder (under the cache dir) into the compile
+    # options, so every key depends on the workdir's path: a copied or shared cache never hit.
+    jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
 
 
 def initial_state(config: Config, number: int, hp: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
@@ -304,6 +307,7 @@ def run_trial(
                 # pruning decision at that step is made exactly as in an uninterrupted run.
                 value = _evaluate(fns.evaluate(params, data), metric, number, step)
                 evaluated = {metric: value}
+                log.debug("trial %d: step %d: %s=%r", number, step, metric, value)
                 if step not in reported:
                     reporter.report(value, step)
                 if best.offer(step, value) and step != start:

@@ -16,7 +16,7 @@ from sweep.claims import Claims, trial_key
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.runner import Outcome, StopSignal, open_checkpoints, run_trial, use_compilation_cache
-from sweep.study import creation_lock, load_study, open_storage, suggest_all
+from sweep.study import creation_lock, load_study, open_storage, rdb, suggest_all, trial_states
 
 log = logging.getLogger("sweep")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -70,7 +70,7 @@ def _past(deadline: float | None) -> bool:
 
 
 def _running(study: optuna.Study) -> list[FrozenTrial]:
-    return study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+    return rdb(study).get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
 
 
 def _others_running(study: optuna.Study, claims: Claims) -> bool:
@@ -93,7 +93,7 @@ def _next_trial(config: Config, study: optuna.Study, claims: Claims, deadline: f
             if study._storage.get_trial(t._trial_id).state == TrialState.RUNNING:
                 return Claimed(t._trial_id, t.number, adopted=True)
             claims.release(key)
-    if study._storage.get_n_trials(study._study_id) >= config.study.n_trials or _past(deadline):
+    if len(trial_states(study)) >= config.study.n_trials or _past(deadline):
         return None
     trial = study.ask()
     claims.try_take(trial_key(trial._trial_id))
@@ -171,11 +171,10 @@ def _record_resume(trial: optuna.Trial, step: int) -> None:
 
 
 def _log_start(study: optuna.Study, claims: Claims) -> None:
-    trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
-    finished = [t.number for t in trials if t.state in FINISHED]
+    finished = [number for number, state in trial_states(study).items() if state in FINISHED]
     if finished:
         log.info("trials %s: finished, skipped", _ranges(finished))
-    running = [t for t in trials if t.state == TrialState.RUNNING]
+    running = _running(study)
     live = claims.live_owners(trial_key(t._trial_id) for t in running)
     for t in running:
         if trial_key(t._trial_id) not in live:

@@ -7,20 +7,20 @@ from optuna.trial import TrialState
 
 from sweep.best import best_test_metrics
 from sweep.config import Config
+from sweep.study import best_trial, trial_states
 
 
 def text(config: Config, study: optuna.Study) -> str:
-    trials = study.get_trials(deepcopy=False)
-    counts = {s: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    states = list(trial_states(study).values())
+    counts = {s: states.count(s) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     finished = sum(counts.values())
     lines = [f"study {config.name}: {finished}/{config.study.n_trials} trials finished "
              f"({counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
              f"{counts[TrialState.FAIL]} failed)"]
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not complete:
+    best = best_trial(study)
+    if best is None:
         lines.append("no trial completed yet")
         return "\n".join(lines)
-    best = study.best_trial
     metric = config.study.objective.metric
     lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
     lines.append(f"params: {best.params}")

@@ -281,3 +281,27 @@ def test_a_resumed_trial_compiles_nothing(write_study):
     assert all(counts), again.stderr[-3000:]
     assert int(counts[0].group(1)) <= 4  # not the training window or the evaluation (~30 executables)
     assert int(counts[1].group(1)) == 0 and int(counts[1].group(2)) > 20
+
+
+def test_training_continues_while_a_save_is_written(write_study, tmp_path, monkeypatch):
+    # Event order, not time: each write waits until the training loop has moved past the step it
+    # writes. A save that blocked the loop would never see that (the write gives up after 30 s).
+    from sweep import checkpoints, runner
+    from sweep import config as config_lib
+
+    config = config_lib.load(write_study(train={"steps": 300, "eval_every": 50}, checkpoint={"every_steps": 100}))
+    seen: list[tuple[int, int]] = []
+    write = checkpoints.TrialCheckpoints._write
+
+    def gated(self, items):
+        step = items[-1][0]
+        deadline = time.monotonic() + 30
+        while step < 300 and runner.CURRENT_STEPS.get(0, 0) <= step and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen.append((step, runner.CURRENT_STEPS.get(0, 0)))
+        write(self, items)
+
+    monkeypatch.setattr(checkpoints.TrialCheckpoints, "_write", gated)
+    reports, _ = _train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path)
+    assert [step for step, _ in seen] == [100, 200, 300] and len(reports) == 6
+    assert all(trained > step for step, trained in seen[:2]), seen
