@@ -53,6 +53,9 @@ class NoCheckpoints:
     def save(self, *items):
         pass
 
+    def busy(self, share=1.0):
+        return False
+
     def wait(self):
         pass
 
@@ -67,8 +70,8 @@ def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
     if args.n_trials:
         config.study = config.study.model_copy(update={"n_trials": args.n_trials})
     if args.compare == "periodic":
-        every = {"every_steps": args.every_steps, "every_seconds": None} if side == "on" else \
-            {"every_steps": None, "every_seconds": 1e9}
+        every = {"every_steps": args.every_steps, "every_seconds": None, "max_write_share": args.max_write_share} \
+            if side == "on" else {"every_steps": None, "every_seconds": 1e9}
         config.study = config.study.model_copy(update={"checkpoint": config.study.checkpoint.model_copy(update=every)})
     original = scheduler.open_checkpoints
     nothing = side == "off" and args.compare == "nothing"
@@ -89,6 +92,7 @@ def main() -> None:
     ap.add_argument("--n-trials", type=int, default=None)
     ap.add_argument("--compare", choices=("periodic", "nothing"), default="periodic")
     ap.add_argument("--every-steps", type=int, default=100, help="the periodic cadence of --compare periodic")
+    ap.add_argument("--max-write-share", type=float, default=None, help="checkpoint.max_write_share of 'on'")
     args = ap.parse_args()
     logging.getLogger("sweep").setLevel(logging.WARNING)
     import optuna
@@ -109,7 +113,8 @@ def main() -> None:
                 print(f"round {r} {side:>3}: {elapsed:7.2f} s")
     assert results["on"] == results["off"], "checkpointing changed the results"
     c = config_lib.load(args.study).study
-    settings = (f"on: every_steps={args.every_steps}, off: best and final saves only" if args.compare == "periodic"
+    settings = (f"on: every_steps={args.every_steps} max_write_share={args.max_write_share}, off: best and final "
+                "saves only" if args.compare == "periodic"
                 else f"on: every_steps={c.checkpoint.every_steps} every_seconds={c.checkpoint.every_seconds}, "
                      "off: no checkpoint code at all")
     print(f"study {args.study}: n_trials={args.n_trials or c.n_trials} steps={c.train.steps} "

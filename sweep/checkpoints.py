@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -37,6 +38,10 @@ class TrialCheckpoints:
 
     Keeps the newest `keep_last` steps plus the best `keep_best` by `metric`.
     """
+
+    # (seconds, monotonic end) of this process's newest write, whichever trial it was for: the
+    # share of time spent writing (see `busy`) is the process's, not a trial's.
+    _last_write = (0.0, 0.0)
 
     def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int,
                  read_only: bool = False, label: str = "trial") -> None:
@@ -148,6 +153,13 @@ class TrialCheckpoints:
             self._pending = self._executor.submit(self._write, todo)
 
     def _write(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
+        start = time.monotonic()
+        try:
+            self._write_items(items)
+        finally:
+            TrialCheckpoints._last_write = (time.monotonic() - start, time.monotonic())
+
+    def _write_items(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
         for step, state, metrics in items:
             # The checksum is durable before the step exists, so a committed step always has one.
             integrity.write_checksum(self.directory, step, integrity.checksum(state))
@@ -161,6 +173,14 @@ class TrialCheckpoints:
         for path in integrity.sums_dir(self.directory).glob(f"*{integrity.SIDE_SUFFIX}"):
             if path.name[: -len(integrity.SIDE_SUFFIX)] not in kept:
                 path.unlink(missing_ok=True)
+
+    def busy(self, share: float = 1.0) -> bool:
+        """A save is still being written, or (with `share` < 1) the writer has not rested long enough
+        for writing to take at most that share of the wall time since the last write started."""
+        if self._pending is not None and not self._pending.done():
+            return True
+        took, ended = self._last_write
+        return time.monotonic() - ended < took * (1 / share - 1)
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is on disk; re-raise its error."""

@@ -114,6 +114,8 @@ class Checkpoint(_Model):
     keep_last: Annotated[int, Field(ge=1)] = 2
     keep_best: Annotated[int, Field(ge=1)] = 1  # the contract keeps the best state, always
     grace_seconds: Annotated[float, Field(gt=0)] = 20.0  # SIGTERM/SIGINT: exit after this at the latest
+    # Opt-in: periodic saves wait (owed) while writing would exceed this share of the time.
+    max_write_share: Annotated[float, Field(gt=0, le=1)] | None = None
 
 
 class Parallel(_Model):

@@ -82,6 +82,8 @@ BAD = [
      ["objective.metric: must be a metric of trials.digits_mlp (one of val_loss, val_accuracy), got 'accuracy'"]),
     ("keep-last-zero", {"checkpoint": {"keep_last": 0}}, ["checkpoint.keep_last: must be >= 1, got 0"]),
     ("keep-best-zero", {"checkpoint": {"keep_best": 0}}, ["checkpoint.keep_best: must be >= 1, got 0"]),
+    ("write-share-above-one", {"checkpoint": {"max_write_share": 1.5}},
+     ["checkpoint.max_write_share: must be <= 1, got 1.5"]),
     ("every-seconds-zero", {"checkpoint": {"every_seconds": 0}}, ["checkpoint.every_seconds: must be > 0, got 0"]),
     ("negative-retries", {"max_retries": -1}, ["max_retries: must be >= 0, got -1"]),
     ("n-jobs-zero", {"parallel": {"n_jobs": 0}}, ["parallel.n_jobs: must be >= 1, got 0"]),

@@ -305,3 +305,35 @@ def test_training_continues_while_a_save_is_written(write_study, tmp_path, monke
     reports, _ = _train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path)
     assert [step for step, _ in seen] == [100, 200, 300] and len(reports) == 6
     assert all(trained > step for step, trained in seen[:2]), seen
+
+
+def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp_path, monkeypatch):
+    # Each write holds the writer until training has passed the *next* cadence step. Exact cadence
+    # (the default) must wait for it there; with max_write_share the loop trains on, and the save
+    # owed lands later, off the cadence.
+    from sweep import checkpoints, runner
+    from sweep import config as config_lib
+
+    seen: dict[str, list[tuple[int, int]]] = {}
+    write = checkpoints.TrialCheckpoints._write
+    for share in (None, 0.5):
+        config = config_lib.load(write_study(train={"steps": 600, "eval_every": 50},
+                                             checkpoint={"every_steps": 100, "max_write_share": share}))
+        log = seen.setdefault(str(share), [])
+
+        def gated(self, items, log=log):
+            step = items[-1][0]
+            deadline = time.monotonic() + 3
+            while step < 600 and runner.CURRENT_STEPS.get(0, 0) <= step + 100 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            log.append((step, runner.CURRENT_STEPS.get(0, 0)))
+            write(self, items)
+
+        monkeypatch.setattr(checkpoints.TrialCheckpoints, "_write", gated)
+        monkeypatch.setattr(checkpoints.TrialCheckpoints, "_last_write", (0.0, 0.0))
+        _train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path / str(share))
+    exact, owed = seen["None"], seen["0.5"]
+    assert [s for s, _ in exact] == [100, 200, 300, 400, 500, 600]  # every cadence step, waited for
+    assert all(trained <= step + 100 for step, trained in exact[:-1])  # the loop stopped at the next one
+    assert any(trained > step + 100 for step, trained in owed[:-1]), owed  # trained on past it
+    assert len(owed) < len(exact) and owed[-1][0] == 600
