@@ -65,11 +65,12 @@ class Monitor:
         if self._storage is not None:
             return True
         from sweep.errors import SweepError
-        from sweep.study import open_storage
+        from sweep.study import creation_lock, open_storage
 
-        try:  # the study may not exist yet: joblib workers create it
-            storage = open_storage(self.config, create=False)
-            study_id = storage.get_study_id_from_name(self.config.name)
+        try:  # the study may not exist yet: `run` or its workers create it, under this lock
+            with creation_lock(self.config):
+                storage = open_storage(self.config, create=False)
+                study_id = storage.get_study_id_from_name(self.config.name)
         except (SweepError, KeyError):
             return False
         self._storage, self._study_id = storage, study_id
