@@ -18,9 +18,11 @@ from typing import Iterable
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-HOST = socket.gethostname()
-LEASE_GRACE_S = 60.0  # a claim from another host is stale when its heartbeat is older than this
-HEARTBEAT_S = 10.0
+# A worker is "host/pid/start time". SWEEP_HOST overrides the host part where hostnames are not
+# unique across the machines sharing a study (and lets tests play several hosts on one machine).
+HOST = os.environ.get("SWEEP_HOST") or socket.gethostname()
+LEASE_GRACE_S = 60.0  # default: a claim from another host is stale when its heartbeat is older
+HEARTBEAT_S = 10.0  # at most; a few beats fit in every lease grace
 
 _metadata = sa.MetaData()
 claims_table = sa.Table(
@@ -51,20 +53,20 @@ def my_owner() -> str:
     return f"{HOST}/{pid}/{_start_time(pid)}"
 
 
-def owner_alive(owner: str, heartbeat: float, now: float | None = None) -> bool:
-    """Same host: the owning process still exists. Other host: its lease is fresh."""
+def owner_alive(owner: str, heartbeat: float, now: float | None = None, grace: float = LEASE_GRACE_S) -> bool:
+    """Same host: the owning process still exists. Other host: its lease is fresher than `grace`."""
     host, _, rest = owner.partition("/")
     if host == HOST:
         pid, _, start = rest.partition("/")
         return pid.isdigit() and _start_time(int(pid)) == start
-    return (now or time.time()) - heartbeat < LEASE_GRACE_S
+    return (now or time.time()) - heartbeat < grace
 
 
 class Claims:
     """Claims of one study, held by this process."""
 
-    def __init__(self, engine: sa.Engine, study_id: int) -> None:
-        self.engine, self.study_id, self.owner = engine, study_id, my_owner()
+    def __init__(self, engine: sa.Engine, study_id: int, grace: float = LEASE_GRACE_S) -> None:
+        self.engine, self.study_id, self.owner, self.grace = engine, study_id, my_owner(), grace
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -95,7 +97,7 @@ class Claims:
                 if row is None:
                     conn.execute(t.insert().values(key=key, owner=self.owner, heartbeat=now))
                     return True
-                if row.owner != self.owner and owner_alive(row.owner, row.heartbeat, now):
+                if row.owner != self.owner and owner_alive(row.owner, row.heartbeat, now, self.grace):
                     return False
                 done = conn.execute(t.update().where(t.c.key == key, t.c.owner == row.owner)
                                     .values(owner=self.owner, heartbeat=now))
@@ -124,12 +126,12 @@ class Claims:
         now = time.time()
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(t.c.key, t.c.owner, t.c.heartbeat).where(t.c.key.in_(keys))).all()
-        return {r.key: r.owner for r in rows if owner_alive(r.owner, r.heartbeat, now)}
+        return {r.key: r.owner for r in rows if owner_alive(r.owner, r.heartbeat, now, self.grace)}
 
     def start_heartbeat(self) -> None:
         """Renew this process's claims so workers on other hosts see them alive."""
         def beat() -> None:
-            while not self._stop.wait(HEARTBEAT_S):
+            while not self._stop.wait(min(HEARTBEAT_S, self.grace / 4)):
                 try:
                     with self.engine.begin() as conn:
                         conn.execute(claims_table.update().where(claims_table.c.owner == self.owner)

@@ -120,6 +120,8 @@ class Checkpoint(_Model):
 
 class Parallel(_Model):
     n_jobs: Annotated[int, Field(ge=1)] = 1
+    # A worker on another host that stopped renewing its claims this long ago is taken for dead.
+    lease_grace_seconds: Annotated[float, Field(gt=0)] = 60.0
 
 
 class StudyFile(_Model):

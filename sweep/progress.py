@@ -74,7 +74,7 @@ class Monitor:
         except (SweepError, KeyError):
             return False
         self._storage, self._study_id = storage, study_id
-        self._claims = Claims(storage.engine, study_id)
+        self._claims = Claims(storage.engine, study_id, self.config.study.parallel.lease_grace_seconds)
         return True
 
     def poll(self) -> tuple[StudyLine, list[TrialLine]] | None:

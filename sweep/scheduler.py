@@ -36,7 +36,7 @@ def open_study(config: Config) -> tuple[optuna.Study, Claims]:
     with creation_lock(config):
         Claims.create_table(storage.engine)
     study = load_study(config, storage, create=True)
-    return study, Claims(storage.engine, study._study_id)
+    return study, Claims(storage.engine, study._study_id, config.study.parallel.lease_grace_seconds)
 
 
 def run(config: Config, stop: StopSignal) -> optuna.Study:

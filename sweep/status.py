@@ -19,7 +19,7 @@ def collect(config: Config) -> dict[str, Any]:
     storage = open_storage(config, create=False)
     study = load_study(config, storage, create=False)
     trials = storage.get_all_trials(study._study_id, deepcopy=False)
-    claims = Claims(storage.engine, study._study_id)
+    claims = Claims(storage.engine, study._study_id, config.study.parallel.lease_grace_seconds)
     live = claims.live_owners(trial_key(t._trial_id) for t in trials if t.state == TrialState.RUNNING) \
         if _has_claims(storage.engine) else {}
     direction = config.study.objective.direction

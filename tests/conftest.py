@@ -73,12 +73,18 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
 
 
 class Running:
-    """A `python -m sweep ...` process whose stderr is collected line by line while it runs."""
+    """A `python -m sweep ...` process whose stderr is collected line by line while it runs.
 
-    def __init__(self, *args: str, cwd: Path | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd, env=cli_env(),
+    `env`: extra environment variables (e.g. SWEEP_HOST to play another host). Each line is kept
+    with its arrival time (`times`).
+    """
+
+    def __init__(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd,
+                                     env={**cli_env(), **(env or {})},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
+        self.times: list[float] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.stdout = ""
@@ -86,6 +92,7 @@ class Running:
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
+            self.times.append(time.monotonic())
             self.lines.append(line)
 
     def wait_for(self, pattern: str, timeout: float = 300) -> re.Match[str]:
@@ -179,3 +186,25 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[tu
         return cache[key]
 
     return get
+
+
+PG_ADMIN_URL = os.environ.get("SWEEP_TEST_POSTGRES", "postgresql+psycopg://postgres@localhost/postgres")
+
+
+@pytest.fixture
+def postgres_url() -> Any:
+    """A fresh PostgreSQL database on the local server (.ci/run makes sure one runs), dropped after."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = f"sweep_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()

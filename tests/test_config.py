@@ -87,6 +87,7 @@ BAD = [
     ("every-seconds-zero", {"checkpoint": {"every_seconds": 0}}, ["checkpoint.every_seconds: must be > 0, got 0"]),
     ("negative-retries", {"max_retries": -1}, ["max_retries: must be >= 0, got -1"]),
     ("n-jobs-zero", {"parallel": {"n_jobs": 0}}, ["parallel.n_jobs: must be >= 1, got 0"]),
+    ("lease-grace-zero", {"parallel": {"lease_grace_seconds": 0}}, ["parallel.lease_grace_seconds: must be > 0, got 0"]),
     ("bad-storage-url", {"storage": "not a url"}, ["storage: must be an SQLAlchemy database URL", "'not a url'"]),
     ("missing-train", lambda d: _without(d, "train"), ["train: is required"]),
     ("missing-steps", lambda d: _without(d, "train.steps"), ["train.steps: is required"]),

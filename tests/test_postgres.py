@@ -1,0 +1,46 @@
+"""Many workers, one study on PostgreSQL: each trial once, and a dead worker's trial taken over
+after its lease grace (other hosts are played with SWEEP_HOST on this one machine)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from conftest import Running, checkpoint_dir, kill9, snapshot, study_of, wait_for_checkpoint
+
+RANDOM = {"sampler": {"type": "random", "seed": 3}, "pruner": {"type": "none"}}
+
+
+def test_four_workers_on_one_postgres_study_run_each_trial_once(write_study, postgres_url, reference):
+    study = write_study(storage=postgres_url, n_trials=8, **RANDOM)
+    procs = [Running("run", study, cwd=study.parent, env={"SWEEP_HOST": f"host{i}"}) for i in range(4)]
+    assert [p.finish() for p in procs] == [0] * 4, [p.stderr[-2000:] for p in procs]
+    started = sorted(int(n) for p in procs for n in re.findall(r"trial (\d+): started", p.stderr))
+    assert started == list(range(8))  # each trial run by exactly one worker, once
+    trials = study_of(study).trials
+    assert [t.number for t in trials] == list(range(8)) and all(t.state.name == "COMPLETE" for t in trials)
+    assert snapshot(study) == reference(n_trials=8, **RANDOM)  # = one SQLite process, bit for bit
+
+
+def test_a_dead_hosts_trial_is_taken_over_after_the_lease_grace(write_study, postgres_url, reference):
+    grace = 4.0
+    settings = dict(n_trials=1, train={"steps": 100000, "eval_every": 500},
+                    checkpoint={"every_steps": 1000}, **RANDOM)
+    study = write_study(storage=postgres_url, parallel={"lease_grace_seconds": grace}, **settings)
+    first = Running("run", study, cwd=study.parent, env={"SWEEP_HOST": "host-a"})
+    first.wait_for(r"trial 0: started")
+    wait_for_checkpoint(checkpoint_dir(study, 0), 3000)
+    kill9(first)
+    killed_at = time.monotonic()
+    kept = max(int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit())
+    second = Running("run", study, cwd=study.parent, env={"SWEEP_HOST": "host-b"})
+    assert "trial 0: complete" not in first.stderr, "the trial ended before the kill: make it longer"
+    assert second.finish() == 0, second.stderr
+    m = second.wait_for(r"trial 0: resumed from step (\d+)", timeout=1)
+    assert int(m.group(1)) == kept  # same number, from the newest checkpoint
+    took_over = second.times[next(i for i, line in enumerate(second.lines) if "resumed from step" in line)]
+    assert took_over - killed_at >= grace  # not before host-a's lease ran out
+    assert "trial 0: started" not in second.stderr
+    trial = study_of(study).trials[0]
+    assert trial.user_attrs["resumes"] == 1
+    assert snapshot(study) == reference(parallel={"lease_grace_seconds": grace}, **settings)
