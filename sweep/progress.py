@@ -2,7 +2,8 @@
 
 Progress is read from Optuna's storage (reports, states, claims) and the checkpoint folders, not
 from the training loop: one view for one process, joblib workers and other hosts alike, and
-nothing for the trial code to call. Its resolution is one evaluation (`train.eval_every`).
+nothing for the trial code to call. Its resolution is one evaluation (`train.eval_every`), except
+for trials running in this process, whose runner shares its current step (`runner.CURRENT_STEPS`).
 """
 
 from __future__ import annotations
@@ -15,19 +16,19 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep.best import best_of_reports
 from sweep.checkpoints import newest_mtime
 from sweep.claims import Claims, trial_key
 from sweep.config import Config
-from sweep.study import trial_states
+from sweep.study import FINISHED, trial_states
 
 log = logging.getLogger("sweep")
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialLine:
     number: int
-    step: int  # newest reported step
+    step: int  # newest reported step, or the current step of a trial running in this process
     total: int
     value: float | None  # the newest evaluation of the objective metric
     best: float | None
@@ -118,12 +119,12 @@ class Monitor:
         if step == s0 and t.number in self._first_change:
             t0, s0 = seen
         rate = (step - s0) / (now - t0) if step > s0 and now > t0 else None
-        sign = 1 if self.config.study.objective.direction == "minimize" else -1
+        best = best_of_reports(reports, self.config.study.objective.direction)
         mtime = newest_mtime(t.user_attrs["checkpoint_dir"]) if "checkpoint_dir" in t.user_attrs else None
         return TrialLine(
             number=t.number, step=step, total=self.config.study.train.steps,
             value=reports[max(reports)] if reports else None,
-            best=min(reports.values(), key=lambda v: sign * v) if reports else None,
+            best=best[1] if best else None,
             steps_per_s=rate, ckpt_age_s=now - mtime if mtime else None)
 
 

@@ -101,7 +101,6 @@ class Compiled:
 
     window: Callable  # (params, opt_state, key, data, start, n, traced_hp) -> (params, opt_state, loss)
     evaluate: Callable  # (params, data, traced_hp) -> metrics
-    traced: tuple[str, ...]
 
 
 _COMPILED: "collections.OrderedDict[tuple[Any, ...], Compiled]" = collections.OrderedDict()
@@ -136,7 +135,7 @@ def compiled(module: Any, hp: Mapping[str, Any], traced: tuple[str, ...]) -> Com
     def evaluate(params, data, traced_hp):
         return module.evaluate({**static, **traced_hp}, params, data)
 
-    out = Compiled(jax.jit(window, donate_argnums=(0, 1)), jax.jit(evaluate), traced)
+    out = Compiled(jax.jit(window, donate_argnums=(0, 1)), jax.jit(evaluate))
     _COMPILED[key] = out
     if len(_COMPILED) > _COMPILED_MAX:
         _COMPILED.popitem(last=False)
@@ -283,7 +282,7 @@ def run_trial(
     total, eval_every = study.train.steps, study.train.eval_every
     compiles_before = COMPILES.copy()
     try:
-        state, data, tx = initial_state(config, number, hp)
+        state, data, _ = initial_state(config, number, hp)
         sign = 1.0 if direction == "minimize" else -1.0
         start, state = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
         if start is not None:

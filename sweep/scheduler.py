@@ -16,10 +16,9 @@ from sweep.claims import Claims, trial_key
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.runner import Outcome, StopSignal, open_checkpoints, run_trial, use_compilation_cache
-from sweep.study import creation_lock, load_study, open_storage, rdb, suggest_all, trial_states
+from sweep.study import FINISHED, creation_lock, load_study, open_storage, rdb, suggest_all, trial_states
 
 log = logging.getLogger("sweep")
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 WAIT_POLL_S = 0.5
 
 

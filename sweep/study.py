@@ -221,6 +221,9 @@ def load_study(config: Config, storage: optuna.storages.BaseStorage, create: boo
     return study
 
 
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # never run again
+
+
 def rdb(study: optuna.Study) -> optuna.storages.RDBStorage:
     """The study's RDB storage itself. Optuna wraps it in a cache that, on its first read, loads
     every trial (params, attributes, intermediate values: ~1.9 s for 2,000 trials here) whatever
