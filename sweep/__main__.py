@@ -57,14 +57,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     logs.setup(args.quiet, args.verbose)
     from sweep.runner import StopSignal
-    from sweep.workers import run_workers
+    from sweep.workers import dask_client, run_workers
 
     stop = StopSignal(config.study.checkpoint.grace_seconds)
     stop.install()
+    # A Dask cluster is reached before anything is written (an unreachable one is an error).
+    client = dask_client(config) if config.study.parallel.backend == "dask" else None
     view = contextlib.nullcontext() if args.quiet else progress.Display(
         config, live=sys.stderr.isatty(), every_s=args.log_every)
-    with view:
-        study = run_workers(config, n_jobs, stop, quiet=args.quiet, verbose=args.verbose)
+    with view, client or contextlib.nullcontext():
+        study = run_workers(config, n_jobs, stop, quiet=args.quiet, verbose=args.verbose, client=client)
     print(summary.text(config, study))
     return 0
 

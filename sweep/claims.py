@@ -49,8 +49,11 @@ def _start_time(pid: int) -> str | None:
 
 
 def my_owner() -> str:
+    """host/pid/start time; plus /t<thread id> off the main thread, where one process may run
+    several workers (a Dask worker with several threads) that must not share claims."""
     pid = os.getpid()
-    return f"{HOST}/{pid}/{_start_time(pid)}"
+    thread = "" if threading.current_thread() is threading.main_thread() else f"/t{threading.get_ident()}"
+    return f"{HOST}/{pid}/{_start_time(pid)}{thread}"
 
 
 def owner_alive(owner: str, heartbeat: float, now: float | None = None, grace: float = LEASE_GRACE_S) -> bool:
@@ -58,7 +61,7 @@ def owner_alive(owner: str, heartbeat: float, now: float | None = None, grace: f
     host, _, rest = owner.partition("/")
     if host == HOST:
         pid, _, start = rest.partition("/")
-        return pid.isdigit() and _start_time(int(pid)) == start
+        return pid.isdigit() and _start_time(int(pid)) == start.partition("/")[0]
     return (now or time.time()) - heartbeat < grace
 
 

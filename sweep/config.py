@@ -8,6 +8,7 @@ Sampler and pruner keyword arguments are checked against Optuna's classes by
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -106,6 +107,8 @@ class Train(_Model):
     steps: Annotated[int, Field(ge=1)]
     eval_every: Annotated[int, Field(ge=1)]
     seed: int = 0
+    # Data parallel: each batch is split over this many devices, params replicated (see runner).
+    devices: Annotated[int, Field(ge=1)] = 1
 
 
 class Checkpoint(_Model):
@@ -122,6 +125,21 @@ class Parallel(_Model):
     n_jobs: Annotated[int, Field(ge=1)] = 1
     # A worker on another host that stopped renewing its claims this long ago is taken for dead.
     lease_grace_seconds: Annotated[float, Field(gt=0)] = 60.0
+    # Where the n_jobs workers run: local processes (joblib's loky) or a Dask cluster (joblib's
+    # dask backend, through distributed.Client(address)).
+    backend: Literal["loky", "dask"] = "loky"
+    address: Annotated[str, Field(min_length=1)] | None = None  # the Dask scheduler, e.g. tcp://host:8786
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallel:
+        if self.backend == "dask" and self.address is None:
+            raise ValueError("address: is required with backend dask (the Dask scheduler, e.g. tcp://host:8786), "
+                             "got None")
+        if self.backend != "dask" and self.address is not None:
+            raise ValueError(f"address: is only used with backend dask, got {self.address!r}")
+        if self.backend == "dask" and importlib.util.find_spec("distributed") is None:
+            raise ValueError("backend: dask needs the `distributed` package (pip install 'sweep[dask]'), got 'dask'")
+        return self
 
 
 class StudyFile(_Model):

@@ -1,0 +1,80 @@
+"""parallel.backend: dask: the workers run on a real Dask cluster (distributed.LocalCluster) through joblib."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import Running, checkpoint_dir, run_cli, snapshot, wait_for_checkpoint
+
+distributed = pytest.importorskip("distributed")  # in the `test` extra; CI installs it
+
+SETTINGS = dict(n_trials=4, sampler={"type": "random", "seed": 11}, pruner={"type": "none"})
+
+# A trial module that records which processes trained (traced the training loss): the cluster's
+# workers, not the CLI (which only evaluates the best checkpoint for its summary).
+PID_TRIAL = textwrap.dedent("""
+    import os
+    from trials import digits_mlp
+    from trials.digits_mlp import HYPERPARAMETERS, METRICS, data, init, optimizer, batch, evaluate, test
+
+    def loss(hp, params, batch, key):
+        with open("pids.txt", "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
+        return digits_mlp.loss(hp, params, batch, key)
+""")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as local:
+        with distributed.Client(local) as client:
+            yield local.scheduler_address, set(client.run(os.getpid).values())
+
+
+def test_dask_backend_runs_trials_on_the_cluster_and_equals_one_process(write_study, reference, cluster):
+    address, worker_pids = cluster
+    study = write_study(trial="pid_trial", parallel={"n_jobs": 2, "backend": "dask", "address": address},
+                        **SETTINGS)
+    (study.parent / "pid_trial.py").write_text(PID_TRIAL)
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    assert f"running 2 worker(s) on the Dask cluster at {address}" in result.stderr
+    assert "study t: 4/4 trials finished (4 complete" in result.stdout
+    pids = {int(p) for p in (study.parent / "pids.txt").read_text().split()}
+    assert pids and pids <= worker_pids, (pids, worker_pids)  # no trial ran in the CLI's process
+    assert snapshot(study) == reference(**SETTINGS)  # random sampler: params and values bit for bit
+
+
+def test_dask_backend_sigterm_checkpoints_on_the_cluster_and_resumes(write_study, reference, cluster):
+    address, _ = cluster
+    settings = dict(SETTINGS, n_trials=3, train={"steps": 4000, "eval_every": 200},
+                    checkpoint={"every_steps": 400})
+    study = write_study(parallel={"n_jobs": 2, "backend": "dask", "address": address}, **settings)
+    proc = Running("run", study, cwd=study.parent)
+    wait_for_checkpoint(checkpoint_dir(study, 0), 400)
+    proc.signal(signal.SIGTERM)
+    assert proc.finish(timeout=120) == 143, proc.stderr
+    steps = [int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit()]
+    assert steps and max(steps) < 4000  # stopped mid-trial, on the cluster, with a checkpoint
+    again = run_cli("run", study, cwd=study.parent)
+    assert again.returncode == 0, again.stderr
+    assert "study t: 3/3 trials finished" in again.stdout
+    assert snapshot(study) == reference(**settings)
+
+
+def test_dask_backend_unreachable_scheduler_is_a_clear_error(write_study):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    study = write_study(parallel={"n_jobs": 2, "backend": "dask", "address": f"tcp://127.0.0.1:{port}"})
+    result = run_cli("run", study, cwd=study.parent, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert f"parallel.address: cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not Path(study.parent / "runs").exists()  # nothing written before the cluster answered
