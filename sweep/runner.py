@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -107,10 +108,40 @@ _COMPILED: "collections.OrderedDict[tuple[Any, ...], Compiled]" = collections.Or
 _COMPILED_MAX = 8  # bounded: a study of many shapes must not keep every executable alive
 
 
-def compiled(module: Any, hp: Mapping[str, Any], traced: tuple[str, ...]) -> Compiled:
-    """The compiled functions for `hp`, with the names in `traced` passed as arguments (cached)."""
+@functools.cache
+def mesh(devices: int) -> Any:
+    """A 1-D mesh ("data") over the first `devices` devices JAX sees."""
+    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+
+
+def replicated(devices: int) -> Any:
+    return jax.sharding.NamedSharding(mesh(devices), jax.sharding.PartitionSpec())
+
+
+def _split_batch(batch: Any, devices: int) -> Any:
+    """Shard every array of a batch along its leading axis over the mesh (data parallelism).
+
+    XLA then computes each device's part of the loss and gradient and all-reduces the gradient;
+    params and optimizer state stay replicated (the window's outputs are pinned to that).
+    """
+    sharding = jax.sharding.NamedSharding(mesh(devices), jax.sharding.PartitionSpec("data"))
+
+    def split(x: Any) -> Any:
+        if jnp.ndim(x) == 0 or jnp.shape(x)[0] % devices:
+            raise ValueError(f"train.devices: {devices} devices must divide the leading axis of every batch "
+                             f"array, got shape {tuple(jnp.shape(x))}")
+        return jax.lax.with_sharding_constraint(x, sharding)
+
+    return jax.tree.map(split, batch)
+
+
+def compiled(module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1) -> Compiled:
+    """The compiled functions for `hp`, with the names in `traced` passed as arguments (cached).
+
+    `devices` > 1: data parallel over `mesh(devices)` (batch split, params replicated).
+    """
     static = {k: v for k, v in hp.items() if k not in traced}
-    key = (module.__name__, id(module), repr(sorted(static.items())), traced)
+    key = (module.__name__, id(module), repr(sorted(static.items())), traced, devices)
     if key in _COMPILED:
         _COMPILED.move_to_end(key)
         return _COMPILED[key]
@@ -126,6 +157,8 @@ def compiled(module: Any, hp: Mapping[str, Any], traced: tuple[str, ...]) -> Com
             params, opt_state, _ = carry
             batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
             batch = module.batch(full, data, batch_key)
+            if devices > 1:
+                batch = _split_batch(batch, devices)
             loss, grads = jax.value_and_grad(lambda p: module.loss(full, p, batch, loss_key))(params)
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, jnp.asarray(loss, jnp.float32)
@@ -135,7 +168,8 @@ def compiled(module: Any, hp: Mapping[str, Any], traced: tuple[str, ...]) -> Com
     def evaluate(params, data, traced_hp):
         return module.evaluate({**static, **traced_hp}, params, data)
 
-    out = Compiled(jax.jit(window, donate_argnums=(0, 1)), jax.jit(evaluate))
+    pinned = {"out_shardings": replicated(devices)} if devices > 1 else {}
+    out = Compiled(jax.jit(window, donate_argnums=(0, 1), **pinned), jax.jit(evaluate))
     _COMPILED[key] = out
     if len(_COMPILED) > _COMPILED_MAX:
         _COMPILED.popitem(last=False)
@@ -158,8 +192,8 @@ _UNTRACEABLE: set[tuple[str, str, tuple[str, ...]]] = set()
 class _Functions:
     """The trial's window and evaluation, traced float hyperparameters where the trial allows it."""
 
-    def __init__(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...]) -> None:
-        self.module, self.hp, self.traced = module, hp, traced
+    def __init__(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1) -> None:
+        self.module, self.hp, self.traced, self.devices = module, hp, traced, devices
         self.cap = 1  # steps in the next window at most; the first one includes the compilation
         self._timed = False
 
@@ -167,7 +201,7 @@ class _Functions:
         traced = self.traced
         if (self.module.__name__, kind, traced) in _UNTRACEABLE:
             traced = ()
-        fn = getattr(compiled(self.module, self.hp, traced), kind)
+        fn = getattr(compiled(self.module, self.hp, traced, self.devices), kind)
         try:
             return fn(*args, {k: self.hp[k] for k in traced})
         except _TRACE_ERRORS as exc:
@@ -283,6 +317,9 @@ def run_trial(
     compiles_before = COMPILES.copy()
     try:
         state, data, _ = initial_state(config, number, hp)
+        devices = study.train.devices
+        if devices > 1:  # restored into these shardings too (the template's)
+            state, data = jax.device_put((state, data), replicated(devices))
         sign = 1.0 if direction == "minimize" else -1.0
         start, state = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
         if start is not None:
@@ -291,7 +328,11 @@ def run_trial(
                 on_restore(start)
         step = int(state["step"])
         best = _best_of(reported, step, sign)
-        fns = _Functions(module, hp, traced_names(config, hp))
+        fns = _Functions(module, hp, traced_names(config, hp), devices)
+        if devices > 1:
+            leaf = jax.tree.leaves(state["params"])[0]
+            log.info("trial %d: data parallel: each batch split over %d devices, params replicated on %d",
+                     number, devices, len(leaf.sharding.device_set))
         params, opt_state, key = state["params"], state["opt_state"], state["key"]
         cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
         evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated

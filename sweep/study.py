@@ -93,9 +93,20 @@ def build_pruner(config: Config) -> optuna.pruners.BasePruner:
 
 
 def check_config(config: Config) -> None:
-    """The study-file rules that need Optuna: sampler and pruner arguments. Creates nothing."""
+    """The study-file rules that need Optuna or JAX: sampler and pruner arguments, the device
+    count. Creates nothing."""
     build_sampler(config)
     build_pruner(config)
+    devices = config.study.train.devices
+    if devices > 1:
+        import jax
+
+        have = jax.devices()
+        if devices > len(have):
+            hint = (f" (on the CPU: XLA_FLAGS=--xla_force_host_platform_device_count={devices})"
+                    if have[0].platform == "cpu" else "")
+            raise ConfigError(str(config.path), "train.devices",
+                              f"must be at most the {len(have)} {have[0].platform} device(s) JAX sees{hint}", devices)
 
 
 def _derived_seed(*parts: object) -> int:
