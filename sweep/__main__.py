@@ -44,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from sweep import config as config_lib
+    from sweep import workers
     from sweep.study import check_config
 
+    workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
     config = config_lib.load(args.study_file)
     n_jobs = args.n_jobs if args.n_jobs is not None else config.study.parallel.n_jobs
     if n_jobs < 1:

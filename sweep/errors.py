@@ -35,6 +35,9 @@ class Interrupted(SweepError):
         self.exit_code = 128 + signum
         super().__init__(f"interrupted by signal {signum}; run the same command to resume")
 
+    def __reduce__(self) -> tuple[type, tuple[int]]:  # raised in a worker process, re-raised here
+        return (Interrupted, (self.signum,))
+
 
 class NonFiniteMetric(SweepError):
     """A trial reported NaN/inf: deterministic, so it fails at once (no retry)."""

@@ -7,14 +7,15 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
-
-from sweep import scheduler
-from sweep.config import Config
 from sweep.errors import Interrupted, SweepError
-from sweep.runner import StopSignal
+
+if TYPE_CHECKING:  # light at import: `run` calls prestart() before it imports JAX, Orbax, Optuna
+    import optuna
+
+    from sweep.config import Config
+    from sweep.runner import StopSignal
 
 log = logging.getLogger("sweep")
 
@@ -36,11 +37,74 @@ def _watch_parent() -> None:
             return
 
 
-def _worker(study_file: str, quiet: bool, verbose: bool) -> None:
+def core_shares(n_jobs: int) -> list[list[int]]:
+    """The CPUs of each of `n_jobs` workers: this process's CPUs dealt out round-robin."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if n_jobs <= len(cpus):
+        return [cpus[i::n_jobs] for i in range(n_jobs)]
+    return [[cpus[i % len(cpus)]] for i in range(n_jobs)]
+
+
+def _pin(cpus: list[int]) -> None:
+    """Run this process on `cpus` only; effective for XLA when called before JAX starts its backend.
+
+    XLA's CPU thread pools are as large as the CPUs a process may run on (sched_getaffinity), so
+    N workers would each start a pool per core and oversubscribe the machine. XLA flags that limit
+    the pools would do the same, but they are part of JAX's compilation-cache key, so workers would
+    miss the executables cached by a one-process run; an affinity mask changes no key.
+    """
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        log.debug("JAX's backend is already running; its thread pools keep their size")
+    os.sched_setaffinity(0, cpus)
+
+
+def prestart(study_file: str, n_jobs: int | None) -> None:
+    """Start the helper processes of `run --n-jobs N` now, importing what a worker needs (JAX, Orbax,
+    Optuna, the trial module: seconds), while this process validates the study file. They start
+    no XLA backend and touch no file until `run_workers` hands them the study.
+
+    `n_jobs`: from --n-jobs, else peeked from the file's parallel section (validated later).
+    """
+    import yaml
+
+    try:
+        raw = yaml.safe_load(open(study_file, encoding="utf-8"))
+        parallel = raw.get("parallel") or {}
+        n = n_jobs if n_jobs is not None else int(parallel.get("n_jobs", 1))
+        trial = str(raw.get("trial", ""))
+    except Exception:  # an unreadable file: validation reports it
+        return
+    if n <= 1 or parallel.get("backend", "loky") != "loky":
+        return
+    from joblib.externals.loky import get_reusable_executor
+
+    executor = get_reusable_executor(max_workers=n - 1)
+    for _ in range(n - 1):
+        executor.submit(_preload, trial, os.getcwd())
+
+
+def _preload(trial: str, cwd: str) -> None:
+    import sweep.scheduler  # noqa: F401  (JAX, Orbax, Optuna)
+
+    os.chdir(cwd)
+    try:
+        from sweep.protocol import import_trial
+
+        import_trial(trial)
+    except Exception:
+        pass  # the study file names no importable trial: validation in the parent says so
+
+
+def _worker(study_file: str, quiet: bool, verbose: bool, cpus: list[int] | None = None) -> None:
     # Each worker is a full scheduler: claims in the database keep every trial to one worker.
     from sweep import config as config_lib
-    from sweep import logs
+    from sweep import logs, scheduler
+    from sweep.runner import StopSignal
 
+    if cpus:
+        _pin(cpus)
     if not _WATCHING:
         _WATCHING.append(os.getppid())
         threading.Thread(target=_watch_parent, name="sweep-parent-watch", daemon=True).start()
@@ -65,7 +129,8 @@ def _dask_worker(study_file: str, cwd: str, quiet: bool, verbose: bool, stop_eve
     import distributed
 
     from sweep import config as config_lib
-    from sweep import logs
+    from sweep import logs, scheduler
+    from sweep.runner import StopSignal
 
     os.chdir(cwd)  # relative workdir/storage/trial module paths mean what they meant to the parent
     logs.setup(quiet, verbose)
@@ -143,14 +208,83 @@ def run_workers(config: Config, n_jobs: int, stop: StopSignal, quiet: bool = Fal
 
     `client`: a `dask_client(config)`, where parallel.backend is dask.
     """
+    from sweep import scheduler
+
     if config.study.parallel.backend == "dask":
         _run_dask(config, n_jobs, stop, quiet, verbose, client or dask_client(config))
         return scheduler.open_study(config)[0]
     if n_jobs == 1:
         return scheduler.run(config, stop)
-    import joblib
-
-    joblib.Parallel(n_jobs=n_jobs, backend="loky")(
-        joblib.delayed(_worker)(str(config.path), quiet, verbose) for _ in range(n_jobs))
-    study, _ = scheduler.open_study(config)
+    # This process is worker 0 (its imports are done, a fresh process would spend seconds on them);
+    # joblib's loky backend runs workers 1..n_jobs-1. Each runs on its share of the cores.
+    shares = core_shares(n_jobs)
+    helpers = _LokyWorkers(config, shares[1:], quiet, verbose)
+    _pin(shares[0])
+    try:
+        study = scheduler.run(config, stop)
+    except BaseException:
+        helpers.stop()  # a signal or an error here: the helpers checkpoint and stop too
+        helpers.join()
+        raise
+    helpers.join()
     return study
+
+
+MAX_WORKER_RESTARTS = 10  # a worker that keeps dying (a trial that always exhausts memory) is an error
+
+
+class _LokyWorkers:
+    """len(shares) worker processes through joblib's loky executor, waited for by a background thread."""
+
+    def __init__(self, config: Config, shares: list[list[int]], quiet: bool, verbose: bool) -> None:
+        self._error: BaseException | None = None
+        self._executor: Any = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, args=(config, shares, quiet, verbose),
+                                        name="sweep-loky", daemon=True)
+        self._thread.start()
+
+    def _run(self, config: Config, shares: list[list[int]], quiet: bool, verbose: bool) -> None:
+        # joblib's loky executor itself: joblib.Parallel would run a single job in this thread.
+        from joblib.externals.loky import get_reusable_executor
+        from joblib.externals.loky.process_executor import BrokenProcessPool
+
+        todo, restarts = list(shares), 0
+        try:
+            while todo:
+                executor = self._executor = get_reusable_executor(max_workers=len(shares))
+                jobs = [(cpus, executor.submit(_worker, str(config.path), quiet, verbose, cpus)) for cpus in todo]
+                todo = []
+                for cpus, job in jobs:
+                    try:
+                        job.result()
+                    except BrokenProcessPool as exc:  # a worker was killed (kill -9, out of memory)
+                        if self._stopping or restarts >= MAX_WORKER_RESTARTS:
+                            raise
+                        log.warning("a worker process died (%s); starting a new one (its trial resumes "
+                                    "from its newest checkpoint)", type(exc).__name__)
+                        todo.append(cpus)
+                restarts += bool(todo)
+        except BaseException as exc:  # re-raised by join() in the main thread
+            self._error = exc
+
+    def stop(self) -> None:
+        """SIGTERM the worker processes: each checkpoints its trial and exits."""
+        import multiprocessing
+
+        self._stopping = True
+        for child in multiprocessing.active_children():  # loky's workers are our children
+            if type(child).__name__ == "LokyProcess" and child.pid is not None:
+                try:
+                    os.kill(child.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def join(self) -> None:
+        """Wait for the workers' jobs; then end the (now idle) processes instead of leaving it to
+        loky's exit handler, which takes ~2 s to wind down an idle worker that holds JAX."""
+        self._thread.join()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, kill_workers=True)
+        if self._error is not None and not isinstance(self._error, Interrupted):
+            raise self._error

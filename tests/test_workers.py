@@ -43,3 +43,100 @@ def test_n_jobs_2_parent_killed_then_rerun_equals_one_process(write_study, refer
     assert again.finish() == 0, again.stderr
     assert "study t: 6/6 trials finished" in again.stdout
     assert snapshot(study) == reference(**settings)  # params and values as with one process
+
+
+def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_equals_one_process(write_study, reference):
+    # This process trains one trial and a loky worker the other: SIGTERM to this process alone
+    # must checkpoint both mid-trial (the worker gets it forwarded) and exit 143 within the grace.
+    import signal
+
+    from conftest import Running, checkpoint_dir, snapshot, wait_for_checkpoint
+
+    settings = dict(n_trials=2, sampler={"type": "random", "seed": 8}, pruner={"type": "none"},
+                    train={"steps": 8000, "eval_every": 200}, checkpoint={"every_steps": 400, "grace_seconds": 15})
+    study = write_study(**settings)
+    proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
+    for number in (0, 1):
+        wait_for_checkpoint(checkpoint_dir(study, number), 400)
+    proc.signal(signal.SIGTERM)
+    assert proc.finish(timeout=60) == 143, proc.stderr
+    for number in (0, 1):
+        assert f"trial {number}: stopped at step" in proc.stderr
+        steps = [int(p.name) for p in checkpoint_dir(study, number).iterdir() if p.name.isdigit()]
+        assert max(steps) < 8000
+    again = Running("run", study, "--n-jobs", "2", cwd=study.parent)
+    assert again.finish() == 0, again.stderr
+    assert again.stderr.count("resumed from step") == 2
+    assert snapshot(study) == reference(**settings)
+
+
+def _loky_children(pid: int) -> list[int]:
+    """Pids of the loky worker processes whose parent is `pid`."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"popen_loky_posix" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_study, reference):
+    import os
+    import signal
+
+    from conftest import Running, checkpoint_dir, snapshot, wait_for_checkpoint
+
+    settings = dict(n_trials=4, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
+                    train={"steps": 4000, "eval_every": 200}, checkpoint={"every_steps": 400})
+    study = write_study(**settings)
+    proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
+    for number in (0, 1):
+        wait_for_checkpoint(checkpoint_dir(study, number), 400)
+    workers = _loky_children(proc.proc.pid)
+    assert len(workers) == 1, workers  # n_jobs 2 = this process + one loky worker
+    os.kill(workers[0], signal.SIGKILL)
+    assert proc.finish() == 0, proc.stderr
+    assert "a worker process died" in proc.stderr
+    assert "resumed from step" in proc.stderr
+    assert "study t: 4/4 trials finished" in proc.stdout
+    assert snapshot(study) == reference(**settings)
+
+
+AFFINITY_TRIAL = '''
+import os
+from trials import digits_mlp
+from trials.digits_mlp import HYPERPARAMETERS, METRICS, data, init, optimizer, batch, evaluate, test
+
+def loss(hp, params, batch, key):
+    with open("affinity.txt", "a") as fh:
+        fh.write(f"{os.getpid()} {sorted(os.sched_getaffinity(0))}\\n")
+    return digits_mlp.loss(hp, params, batch, key)
+'''
+
+
+def test_n_jobs_2_processes_train_on_disjoint_shares_of_the_cores(write_study):
+    import ast
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    study = write_study(trial="affinity_trial", n_trials=4, pruner={"type": "none"},
+                        search_space={"hidden": {"type": "int", "low": 16, "high": 64, "step": 16}})
+    (study.parent / "affinity_trial.py").write_text(AFFINITY_TRIAL)
+    result = run_cli("run", study, "--n-jobs", "2", cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    seen: dict[int, list[int]] = {}
+    for line in (study.parent / "affinity.txt").read_text().splitlines():
+        pid, _, mask = line.partition(" ")
+        seen[int(pid)] = ast.literal_eval(mask)
+    assert len(seen) == 2, seen  # both processes trained
+    masks = sorted(seen.values())
+    if len(cpus) >= 2:  # each on its own half: XLA's pools are sized to it, no oversubscription
+        assert masks == sorted([cpus[0::2], cpus[1::2]]), masks
+    else:
+        assert masks == [cpus, cpus]
