@@ -25,6 +25,7 @@ import yaml
 from sweep.checkpoints import newest_step
 from sweep.config import Config
 from sweep.errors import SweepError
+from sweep.study import workdir_lock
 
 
 @dataclasses.dataclass
@@ -128,7 +129,8 @@ def _kill_after(victim: _Watched, study: Path, step: int) -> None:
         trials = []
         if storage is None and db.exists():
             try:  # its tables may not exist yet (the engine is built once: that costs ~0.3 s)
-                storage = optuna.storages.RDBStorage(f"sqlite:///{db}", skip_table_creation=True)
+                with workdir_lock(db.parent):
+                    storage = optuna.storages.RDBStorage(f"sqlite:///{db}", skip_table_creation=True)
             except Exception:  # noqa: BLE001
                 pass
         if storage is not None:

@@ -183,8 +183,17 @@ def storage_kwargs(url: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def creation_lock(config: Config) -> Iterator[None]:
     """Serialise the first creation of the storage schema (Optuna 5 races on it)."""
-    config.workdir.mkdir(parents=True, exist_ok=True)
-    with open(config.workdir / ".create.lock", "a") as fh:
+    with workdir_lock(config.workdir):
+        yield
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: Path) -> Iterator[None]:
+    """`creation_lock` by workdir. Anything that opens an RDBStorage on a study that may be being
+    created takes it: even a reader's RDBStorage(skip_table_creation=True) stamps Optuna's
+    alembic_version table when it finds none, and races with the creator's own stamp."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / ".create.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -70,11 +70,14 @@ def test_ask_lock_serialises_threads(tmp_path):
     engine = _engine(tmp_path)
     inside, peak, lock = [0], [0], threading.Lock()
 
+    entered = [0]
+
     def work(c: Claims) -> None:
         for _ in range(5):
             with c.ask_lock(poll_s=0.001):
                 with lock:
                     inside[0] += 1
+                    entered[0] += 1
                     peak[0] = max(peak[0], inside[0])
                 time.sleep(0.002)
                 with lock:
@@ -87,7 +90,7 @@ def test_ask_lock_serialises_threads(tmp_path):
         workers.append(threading.Thread(target=work, args=(c,)))
     # Same-host owners are judged by pid and start time; give each thread a live-looking owner.
     orig = claims_lib.owner_alive
-    claims_lib.owner_alive = lambda owner, hb, now=None: True
+    claims_lib.owner_alive = lambda *args, **kwargs: True
     try:
         for w in workers:
             w.start()
@@ -95,4 +98,5 @@ def test_ask_lock_serialises_threads(tmp_path):
             w.join()
     finally:
         claims_lib.owner_alive = orig
+    assert entered[0] == 15  # every thread got the lock 5 times (an error in a thread fails here)
     assert peak[0] == 1
