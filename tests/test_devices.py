@@ -9,7 +9,7 @@ import textwrap
 from conftest import REPO, Running, checkpoint_dir, cli_env, kill9, snapshot, study_of, wait_for_checkpoint
 
 FOUR = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-SETTINGS = dict(n_trials=2, sampler={"type": "random", "seed": 2}, pruner={"type": "none"},
+SETTINGS = dict(n_trials=1, sampler={"type": "random", "seed": 2}, pruner={"type": "none"},
                 train={"steps": 3000, "eval_every": 100, "devices": 4}, checkpoint={"every_steps": 200})
 
 
