@@ -53,15 +53,16 @@ def test_dask_backend_runs_trials_on_the_cluster_and_equals_one_process(write_st
 
 def test_dask_backend_sigterm_checkpoints_on_the_cluster_and_resumes(write_study, reference, cluster):
     address, _ = cluster
-    settings = dict(SETTINGS, n_trials=2, train={"steps": 4000, "eval_every": 200},
-                    checkpoint={"every_steps": 400})
+    # Long trials (a digits step is ~33 us): trial 0 cannot end before the stop reaches it.
+    settings = dict(SETTINGS, n_trials=2, train={"steps": 100000, "eval_every": 5000},
+                    checkpoint={"every_steps": 10000})
     study = write_study(parallel={"n_jobs": 2, "backend": "dask", "address": address}, **settings)
     proc = Running("run", study, cwd=study.parent)
-    wait_for_checkpoint(checkpoint_dir(study, 0), 400)
+    wait_for_checkpoint(checkpoint_dir(study, 0), 10000)
     proc.signal(signal.SIGTERM)
     assert proc.finish(timeout=120) == 143, proc.stderr
     steps = [int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit()]
-    assert steps and max(steps) < 4000  # stopped mid-trial, on the cluster, with a checkpoint
+    assert steps and max(steps) < 100000  # stopped mid-trial, on the cluster, with a checkpoint
     again = run_cli("run", study, cwd=study.parent)
     assert again.returncode == 0, again.stderr
     assert "study t: 2/2 trials finished" in again.stdout
