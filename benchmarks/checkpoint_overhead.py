@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweep import config as config_lib  # noqa: E402
 from sweep import scheduler  # noqa: E402
-from sweep.runner import StopSignal  # noqa: E402
+from sweep.session import Session  # noqa: E402
+from sweep.signals import StopSignal  # noqa: E402
 
 
 class NoCheckpoints:
@@ -73,16 +74,16 @@ def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
         every = {"every_steps": args.every_steps, "every_seconds": None, "max_write_share": args.max_write_share} \
             if side == "on" else {"every_steps": None, "every_seconds": 1e9}
         config.study = config.study.model_copy(update={"checkpoint": config.study.checkpoint.model_copy(update=every)})
-    original = scheduler.open_checkpoints
-    nothing = side == "off" and args.compare == "nothing"
-    scheduler.open_checkpoints = (lambda *args: NoCheckpoints()) if nothing else original
+    session = Session(config)
+    if side == "off" and args.compare == "nothing":
+        session.checkpoints = lambda *args, **kwargs: NoCheckpoints()  # type: ignore[method-assign]
     try:
         t0 = time.perf_counter()
-        study = scheduler.run(config, StopSignal())
+        scheduler.run(session, StopSignal())
         elapsed = time.perf_counter() - t0
+        return elapsed, [(t.params, t.value, t.intermediate_values) for t in session.trials()]
     finally:
-        scheduler.open_checkpoints = original
-    return elapsed, [(t.params, t.value, t.intermediate_values) for t in study.trials]
+        session.close()
 
 
 def main() -> None:

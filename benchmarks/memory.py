@@ -24,7 +24,8 @@ from pathlib import Path
 import harness
 
 from sweep import scheduler
-from sweep.runner import StopSignal
+from sweep.session import Session
+from sweep.signals import StopSignal
 
 
 def rss_mb() -> float:
@@ -64,7 +65,7 @@ def main() -> None:
 
         scheduler._run_claimed = measured
         try:
-            scheduler.run(config, StopSignal())
+            scheduler.run(Session(config), StopSignal())
         finally:
             scheduler._run_claimed = original
     finally:

@@ -26,7 +26,8 @@ import orbax.checkpoint as ocp
 import yaml
 
 from sweep import scheduler
-from sweep.runner import StopSignal
+from sweep.session import Session
+from sweep.signals import StopSignal
 
 SPACE = {"learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}}
 
@@ -53,7 +54,7 @@ def main() -> None:
 
     def sweep_side(r: int) -> float:
         config = config_in(root / f"sweep{next(counter)}")
-        return harness.timed(lambda: scheduler.run(config, StopSignal()))
+        return harness.timed(lambda: scheduler.run(Session(config), StopSignal()))
 
     module = harness.example(root).trial_module
     hp = {**module.HYPERPARAMETERS, "batch_size": 64, "hidden": 112, "optimizer": "adam"}

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from sweep.checkpoints import host_copy
-from sweep.runner import initial_state, open_checkpoints
+from sweep.state import initial_state, trial_checkpoints
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
         hp = config.hyperparameters({"learning_rate": 0.01, "hidden": args.hidden, "optimizer": "adam"})
         state = initial_state(config, 0, hp)[0]
         size = sum(np.asarray(x).nbytes for x in jax.tree.leaves(state))
-        ckpt = open_checkpoints(config, 0, Path(tmp) / "ckpt")
+        ckpt = trial_checkpoints(config, 0, Path(tmp) / "ckpt")
         raw_dir = Path(tmp) / "raw"
         raw_dir.mkdir()
         step = iter(range(1, 10**6))

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 import optax
 
-from sweep.runner import compiled, initial_state, traced_names
+from sweep.compiled import FUNCTIONS, traced_names
+from sweep.state import initial_state
 
 
 def main() -> None:
@@ -34,8 +35,8 @@ def main() -> None:
         config = harness.example(Path(tmp))
     module = config.trial_module
     hp = config.hyperparameters({"learning_rate": 0.005, "hidden": args.hidden, "optimizer": "adam"})
-    traced = traced_names(config, hp)
-    fns = compiled(module, hp, traced)
+    traced = traced_names(config.study.search_space, hp)
+    fns = FUNCTIONS.get(module, hp, traced)
     traced_hp = {k: hp[k] for k in traced}
     state, data, tx = initial_state(config, 0, hp)
 

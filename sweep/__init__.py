@@ -1,11 +1,33 @@
-"""sweep: hyperparameter sweeps with Optuna, JAX/Flax trials and Orbax checkpoints, resumable per trial."""
+"""sweep: hyperparameter sweeps with Optuna, JAX/Flax trials and Orbax checkpoints, resumable per trial.
+
+The public API is what this file exports; everything else is internal.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sweep.errors import ConfigError, Interrupted, SweepError
+
+if TYPE_CHECKING:
+    from sweep.api import StudySession
+    from sweep.best import LoadedTrial
 
 __version__ = "0.1.0"
-__all__ = ["load_best", "load_export"]
+__all__ = ["ConfigError", "Interrupted", "LoadedTrial", "StudySession", "SweepError", "load_best", "load_export",
+           "open"]
+
+
+def open(study: Any) -> StudySession:  # noqa: A001 (like io.open)
+    """Validate a study (a study file's path, or its keys as a dict) and return its `StudySession`:
+    `run()`, `status()`, `export(out)`, `plot(out)`, `load_best()`, `summary()`.
+
+    Raises:
+        ConfigError: the study breaks a rule of the study file.
+    """
+    from sweep.api import open as _open
+
+    return _open(study)
 
 
 def load_export(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -15,8 +37,21 @@ def load_export(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return _load(path)
 
 
-def load_best(study_file: Any, trial: int | None = None) -> Any:
+def load_best(study_file: Any, trial: int | None = None) -> LoadedTrial:
     """The full training state of a trial's best checkpoint (default: the study's best trial)."""
     from sweep.best import load_best as _load
 
     return _load(study_file, trial)
+
+
+def __getattr__(name: str) -> Any:
+    # Importing the session (Optuna, SQLAlchemy) and the trial types costs seconds: only on use.
+    if name == "StudySession":
+        from sweep.api import StudySession
+
+        return StudySession
+    if name == "LoadedTrial":
+        from sweep.best import LoadedTrial
+
+        return LoadedTrial
+    raise AttributeError(f"module 'sweep' has no attribute {name!r}")

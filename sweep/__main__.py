@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import traceback
 
-from sweep.errors import Interrupted, SweepError, UsageError
+from sweep.errors import Interrupted, SweepError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,42 +42,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sweep import config as config_lib
-    from sweep import workers
-    from sweep.study import check_config
+    from sweep import api, workers
 
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
-    config = config_lib.load(args.study_file)
-    n_jobs = args.n_jobs if args.n_jobs is not None else config.study.parallel.n_jobs
-    if n_jobs < 1:
-        raise UsageError(f"--n-jobs: must be >= 1, got {n_jobs}")
-    if not args.log_every > 0:
-        raise UsageError(f"--log-every: must be > 0, got {args.log_every}")
-    check_config(config)
-    from sweep import logs, progress, summary
-
-    logs.setup(args.quiet, args.verbose)
-    from sweep.runner import StopSignal
-    from sweep.workers import dask_client, run_workers
-
-    stop = StopSignal(config.study.checkpoint.grace_seconds)
-    stop.install()
-    # A Dask cluster is reached before anything is written (an unreachable one is an error).
-    client = dask_client(config) if config.study.parallel.backend == "dask" else None
-    view = contextlib.nullcontext() if args.quiet else progress.Display(
-        config, live=sys.stderr.isatty(), every_s=args.log_every)
-    with view, client or contextlib.nullcontext():
-        study = run_workers(config, n_jobs, stop, quiet=args.quiet, verbose=args.verbose, client=client)
-    print(summary.text(config, study))
+    with api.open(args.study_file) as session:
+        session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every)
+        print(session.summary())
     return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from sweep import config as config_lib
-    from sweep import status
+    from sweep import api, status
 
-    config = config_lib.load(args.study_file)
-    report = status.collect(config)
+    with api.open(args.study_file) as session:
+        report = session.status()
     print(json.dumps(report, indent=1) if args.json else status.table(report, highlight=sys.stdout.isatty()))
     return 0
 
@@ -86,31 +63,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sweep import config as config_lib
-    from sweep import logs
-    from sweep.export import export
+    from sweep import api, logs
 
-    config = config_lib.load(args.study_file)
-    logs.setup(quiet=True)
-    index = export(config, Path(args.out), trial=args.trial, include_pruned=args.include_pruned)
+    with api.open(args.study_file) as session:
+        logs.setup(quiet=True)
+        index = session.export(args.out, trial=args.trial, include_pruned=args.include_pruned)
     for entry in index["trials"]:
         print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']} "
               f"-> {Path(args.out) / entry['dir']}")
-    print(f"exported {len(index['trials'])} trial(s) of study {config.name} to {args.out} (best first, index.json)")
+    print(f"exported {len(index['trials'])} trial(s) of study {session.config.name} to {args.out} "
+          "(best first, index.json)")
     return 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sweep import config as config_lib
-    from sweep import logs
-    from sweep.plot import plot
+    from sweep import api, logs
 
-    config = config_lib.load(args.study_file)
-    logs.setup()
+    with api.open(args.study_file) as session:
+        logs.setup()
+        written = session.plot(args.out)
     out = Path(args.out)
-    written = plot(config, out)
     curves = [p for p in written if p.parent.name == "curves"]
     for path in written:
         if path not in curves:
@@ -121,14 +95,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from sweep import config as config_lib
-    from sweep import logs
-    from sweep.drill import drill
+    from sweep import api, logs
 
-    config = config_lib.load(args.study_file)
-    logs.setup()
-    report = drill(config, seed=args.seed, keep=args.keep)
-    print(f"recovery drill of {config.path} (trial 0, {config.study.train.steps} steps):")
+    with api.open(args.study_file) as session:
+        logs.setup()
+        report = session.drill(seed=args.seed, keep=args.keep)
+    print(f"recovery drill of {session.config.path} (trial 0, {session.config.study.train.steps} steps):")
     print("\n".join("  " + line for line in report.lines()))
     return 0 if report.bit_identical else 1
 

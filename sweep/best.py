@@ -5,24 +5,29 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.checkpoints import DamagedCheckpoint, TrialCheckpoints
+from sweep import config as config_lib
 from sweep.config import Config
 from sweep.errors import SweepError
-from sweep.study import best_trial
+
+if TYPE_CHECKING:  # the runner imports best_of_reports from here: keep the session out of its imports
+    from sweep.session import Session
 
 TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, computed once
 
 
-def best_of_reports(values: Mapping[int, float], direction: str) -> tuple[int, float] | None:
-    """(step, value) of the best reported evaluation, the earliest on ties; None if nothing reported."""
+def best_of_reports(values: Mapping[int, float], direction: str | int) -> tuple[int, float] | None:
+    """(step, value) of the best reported evaluation, the earliest on ties; None if nothing reported.
+
+    `direction`: "minimize" / "maximize", or its sign (+1 / -1). The one definition of a trial's
+    best step: the loop, status, export and the plots all use it.
+    """
     if not values:
         return None
-    sign = 1 if direction == "minimize" else -1
+    sign = direction if isinstance(direction, int) else config_lib.sign(direction)
     step = min(values, key=lambda s: (sign * values[s], s))
     return step, values[step]
 
@@ -42,16 +47,15 @@ def best_state(config: Config, trial: FrozenTrial) -> tuple[dict[str, Any], int,
 
     Read-only: a damaged step is an error here; quarantine and fallback are for resuming.
     """
-    from sweep.runner import initial_state  # the template the state was saved from
+    from sweep.checkpoints import DamagedCheckpoint
+    from sweep.state import initial_state, trial_checkpoints  # the template the state was saved from
 
     step, value = best_step(trial, config.study.objective.direction)
     directory = trial.user_attrs.get("checkpoint_dir")
     if directory is None:
         raise SweepError(f"trial {trial.number} has no checkpoint_dir attribute: it was not run by sweep")
-    objective, c = config.study.objective, config.study.checkpoint
     template, _, _ = initial_state(config, trial.number, config.hyperparameters(trial.params))
-    ckpt = TrialCheckpoints(Path(directory), objective.metric, objective.direction, c.keep_last, c.keep_best,
-                            read_only=True)
+    ckpt = trial_checkpoints(config, trial.number, Path(directory), read_only=True)
     try:
         if step not in ckpt.all_steps():
             raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}")
@@ -78,12 +82,13 @@ def _jitted(fn_name: str, config: Config, hp: Mapping[str, Any]) -> Any:
     return jax.jit(lambda params, data: fn(hp, params, data))
 
 
-def best_test_metrics(config: Config, study: optuna.Study) -> dict[str, Any] | None:
+def best_test_metrics(session: Session) -> dict[str, Any] | None:
     """The best trial's test metrics from its best checkpoint; cached on the study, never retrained.
 
     None when no trial is complete or the trial module has no `test` function.
     """
-    best = best_trial(study)
+    config, study = session.config, session.study
+    best = session.best_trial()
     if best is None or not callable(getattr(config.trial_module, "test", None)):
         return None
     step, _ = best_step(best, config.study.objective.direction)
@@ -121,12 +126,19 @@ def load_best(study_file: str | os.PathLike[str], trial: int | None = None) -> L
     Raises:
         SweepError: the study, the trial or its checkpoint does not exist.
     """
-    from sweep import config as config_lib
-    from sweep.study import load_study, open_storage
+    from sweep.session import Session
 
-    config = config_lib.load(study_file)
-    study = load_study(config, open_storage(config, create=False), create=False)
-    frozen = _pick(study, trial)
+    session = Session(config_lib.load(study_file))
+    try:
+        return load_trial(session, trial)
+    finally:
+        session.close()
+
+
+def load_trial(session: Session, trial: int | None = None) -> LoadedTrial:
+    """`load_best` of an (opened or not) session."""
+    config = session.open(create=False).config
+    frozen = _pick(session, trial)
     state, step, value = best_state(config, frozen)
     hp = config.hyperparameters(frozen.params)
     model_fn = getattr(config.trial_module, "model", None)
@@ -134,15 +146,16 @@ def load_best(study_file: str | os.PathLike[str], trial: int | None = None) -> L
                        config.trial_module)
 
 
-def _pick(study: optuna.Study, number: int | None) -> FrozenTrial:
+def _pick(session: Session, number: int | None) -> FrozenTrial:
+    name = session.config.name
     if number is None:
-        best = best_trial(study)
+        best = session.best_trial()
         if best is None:
-            raise SweepError(f"study {study.study_name!r} has no complete trial yet")
+            raise SweepError(f"study {name!r} has no complete trial yet")
         return best
-    for t in study.get_trials(deepcopy=False):
+    for t in session.trials():
         if t.number == number:
             if t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
                 raise SweepError(f"trial {number} is {t.state.name}, not finished")
             return t
-    raise SweepError(f"study {study.study_name!r} has no trial {number}")
+    raise SweepError(f"study {name!r} has no trial {number}")

@@ -33,20 +33,36 @@ def host_copy(state: Any) -> Any:
     return jax.tree.map(lambda x: np.array(x, copy=True), state)
 
 
+class WriteBudget:
+    """How long the newest checkpoint write took and when it ended, for every trial of a session.
+
+    The share of time spent writing (see `TrialCheckpoints.busy`) is the process's, not a
+    trial's: trials one after the other share one budget.
+    """
+
+    def __init__(self) -> None:
+        self.last_write = (0.0, 0.0)  # (seconds, monotonic end)
+
+    def record(self, seconds: float) -> None:
+        self.last_write = (seconds, time.monotonic())
+
+    def rested(self, share: float) -> bool:
+        """The writer has rested long enough for writing to take at most `share` of the time."""
+        took, ended = self.last_write
+        return time.monotonic() - ended >= took * (1 / share - 1)
+
+
 class TrialCheckpoints:
     """Save/restore of one trial's full training state with Orbax retention.
 
     Keeps the newest `keep_last` steps plus the best `keep_best` by `metric`.
     """
 
-    # (seconds, monotonic end) of this process's newest write, whichever trial it was for: the
-    # share of time spent writing (see `busy`) is the process's, not a trial's.
-    _last_write = (0.0, 0.0)
-
     def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int,
-                 read_only: bool = False, label: str = "trial") -> None:
+                 read_only: bool = False, label: str = "trial", budget: WriteBudget | None = None) -> None:
         self.directory = Path(directory)
         self.label = label
+        self.budget = budget or WriteBudget()
         if not read_only:
             self._quarantine_unreadable()
         best_fn = lambda metrics: float(metrics[metric])  # noqa: E731
@@ -157,7 +173,7 @@ class TrialCheckpoints:
         try:
             self._write_items(items)
         finally:
-            TrialCheckpoints._last_write = (time.monotonic() - start, time.monotonic())
+            self.budget.record(time.monotonic() - start)
 
     def _write_items(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
         for step, state, metrics in items:
@@ -179,8 +195,7 @@ class TrialCheckpoints:
         for writing to take at most that share of the wall time since the last write started."""
         if self._pending is not None and not self._pending.done():
             return True
-        took, ended = self._last_write
-        return time.monotonic() - ended < took * (1 / share - 1)
+        return not self.budget.rested(share)
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is on disk; re-raise its error."""

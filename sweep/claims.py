@@ -2,7 +2,7 @@
 
 Optuna has no exclusive claim of a trial (WAITING trials are not claimed atomically on SQLite,
 and its heartbeat retry re-creates a crashed trial under a new number), so ownership lives in
-`sweep_claims`: one row per claimed trial (key "trial:<id>") plus one short-lived row per study
+`sweep_claims`: one row per claimed trial (key "trial:<study id>:<number>") plus one short-lived row per study
 (key "ask:<study id>") that serialises the decision "adopt or ask a new trial". A conditional
 UPDATE/unique INSERT works the same on SQLite and PostgreSQL.
 """
@@ -117,6 +117,15 @@ class Claims:
 
         self._retry(_release)
 
+    def key(self, number: int) -> str:
+        """The claim key of trial `number` of this study."""
+        return trial_key(self.study_id, number)
+
+    def live_numbers(self, numbers: Iterable[int]) -> set[int]:
+        """The trial numbers among `numbers` whose claim's owner is alive."""
+        keys = {self.key(n): n for n in numbers}
+        return {keys[k] for k in self.live_owners(keys)}
+
     def ask_lock(self, poll_s: float = 0.05) -> "_AskLock":
         return _AskLock(self, f"ask:{self.study_id}", poll_s)
 
@@ -149,8 +158,9 @@ class Claims:
         self._stop.set()
 
 
-def trial_key(trial_id: int) -> str:
-    return f"trial:{trial_id}"
+def trial_key(study_id: int, number: int) -> str:
+    # By (study id, number): both are public in Optuna's API, unlike its internal trial id.
+    return f"trial:{study_id}:{number}"
 
 
 class _AskLock:

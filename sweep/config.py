@@ -7,6 +7,8 @@ Sampler and pruner keyword arguments are checked against Optuna's classes by
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
 import importlib.util
 import os
@@ -20,8 +22,17 @@ from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc", "gp")
-PRUNERS = ("none", "median", "percentile", "successive_halving", "hyperband")
+# The study file's sampler and pruner names -> the Optuna class each builds (the one list of them).
+SAMPLER_CLASSES = {
+    "tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler",
+    "cmaes": "CmaEsSampler", "qmc": "QMCSampler", "gp": "GPSampler",
+}
+PRUNER_CLASSES = {
+    "none": "NopPruner", "median": "MedianPruner", "percentile": "PercentilePruner",
+    "successive_halving": "SuccessiveHalvingPruner", "hyperband": "HyperbandPruner",
+}
+SamplerName = Literal[tuple(SAMPLER_CLASSES)]  # type: ignore[valid-type]
+PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
 Scalar = Union[None, bool, int, float, str]
 
 
@@ -83,10 +94,20 @@ class Objective(_Model):
     metric: str
     direction: Literal["minimize", "maximize"] = "minimize"
 
+    @property
+    def sign(self) -> int:
+        """+1 when smaller is better, -1 when larger is: `sign * value` is always minimised."""
+        return sign(self.direction)
+
+
+def sign(direction: str) -> int:
+    """+1 for "minimize", -1 for "maximize" (the one place that maps a direction to a sign)."""
+    return 1 if direction == "minimize" else -1
+
 
 class Sampler(_Model):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = sampler kwargs
-    type: Literal["tpe", "random", "grid", "cmaes", "qmc", "gp"] = "tpe"
+    type: SamplerName = "tpe"
     seed: int = 0
 
     @property
@@ -96,7 +117,7 @@ class Sampler(_Model):
 
 class Pruner(_Model):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = pruner kwargs
-    type: Literal["none", "median", "percentile", "successive_halving", "hyperband"] = "none"
+    type: PrunerName = "none"
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -160,13 +181,31 @@ class StudyFile(_Model):
     parallel: Parallel = Parallel()
 
 
-class Config:
-    """A validated study file, with its paths resolved against the current directory."""
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a config came from: enough to rebuild it in another process (a worker) without the file.
 
-    def __init__(self, path: Path, study: StudyFile, trial_module: Any) -> None:
+    `origin` names the study file (or "<dict>") in messages; `cwd` is the directory relative paths
+    (workdir, storage, a user's trial module) were resolved against.
+    """
+
+    raw: dict[str, Any]
+    origin: str
+    cwd: str
+
+
+class Config:
+    """A validated study file, with its paths resolved against the current directory.
+
+    The on-disk layout of a study lives here and nowhere else: `workdir`, `checkpoint_dir`,
+    `cache_dir`, `lock_path` and the default SQLite storage.
+    """
+
+    def __init__(self, path: Path, study: StudyFile, trial_module: Any, source: Source | None = None) -> None:
         self.path = path
         self.study = study
         self.trial_module = trial_module
+        self.source = source or Source(study.model_dump(mode="python", exclude_unset=True), str(path), os.getcwd())
         self.workdir = Path(os.path.abspath(study.workdir or f"runs/{study.name}"))
         self.storage = _resolve_storage(study.storage, self.workdir)
 
@@ -181,10 +220,24 @@ class Config:
     def checkpoint_dir(self, number: int) -> Path:
         return self.workdir / "checkpoints" / f"trial_{number:04d}"
 
+    @property
+    def cache_dir(self) -> Path:
+        """JAX's persistent compilation cache of this study's processes."""
+        return self.workdir / "jax_cache"
+
+    @property
+    def lock_path(self) -> Path:
+        """The file lock that serialises creating (and first opening) the study's storage."""
+        return self.workdir / ".create.lock"
+
+
+def default_storage(workdir: Path) -> str:
+    return f"sqlite:///{workdir / 'study.db'}"
+
 
 def _resolve_storage(url: str | None, workdir: Path) -> str:
     if url is None:
-        return f"sqlite:///{workdir / 'study.db'}"
+        return default_storage(workdir)
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
         # Relative SQLite paths are relative to the current directory, as in the study file.
@@ -199,16 +252,34 @@ def load(path: str | os.PathLike[str]) -> Config:
         ConfigError: on any broken rule; nothing has been created.
     """
     file = str(path)
-    raw = _read_yaml(file)
+    return from_dict(_read_yaml(file), origin=file)
+
+
+def from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
+    """Validate a study given as a mapping (the study file's keys); `origin` names it in errors.
+
+    Relative paths resolve against the current directory, as for a file.
+
+    Raises:
+        ConfigError: on any broken rule; nothing has been created.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(origin, "", "must be a mapping of study keys", type(raw).__name__)
     try:
         study = StudyFile.model_validate(raw)
     except ValidationError as exc:
         # A typo'd key also makes its intended key "missing": report the typo, the root cause.
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-        raise _translate(file, errors[0], raw) from None
-    _check_storage(file, study.storage)
-    module = _load_trial_module(file, study)
-    return Config(Path(file), study, module)
+        raise _translate(origin, errors[0], raw) from None
+    _check_storage(origin, study.storage)
+    module = _load_trial_module(origin, study)
+    return Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd()))
+
+
+def from_source(source: Source) -> Config:
+    """Rebuild a config in another process (a worker): same keys, same directory."""
+    os.chdir(source.cwd)
+    return from_dict(source.raw, source.origin)
 
 
 def _read_yaml(file: str) -> dict[str, Any]:

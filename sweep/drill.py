@@ -7,6 +7,7 @@ uninterrupted (the reference), once killed at a random evaluation step, once res
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import random
@@ -22,10 +23,11 @@ from pathlib import Path
 import optuna
 import yaml
 
+from sweep import config as config_lib
 from sweep.checkpoints import newest_step
 from sweep.config import Config
 from sweep.errors import SweepError
-from sweep.study import workdir_lock
+from sweep.session import Session
 
 
 @dataclasses.dataclass
@@ -52,32 +54,32 @@ class DrillReport:
         ]
 
 
-def _copy(config: Config, root: Path, tag: str) -> Path:
-    raw = yaml.safe_load(config.path.read_text())
+def _copy(config: Config, root: Path, tag: str) -> tuple[Path, Session]:
+    """The drill's copy of the study: a study file for the CLI runs, and a session to read it."""
+    raw = copy.deepcopy(config.source.raw)
     raw.update(name=f"{config.name}-drill-{tag}", workdir=str(root / tag), n_trials=1, pruner={"type": "none"})
     for key in ("storage", "timeout", "parallel"):
         raw.pop(key, None)
     path = root / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
+    return path, Session(config_lib.from_dict(raw, origin=str(path)))
 
 
 def _cli(study: Path) -> list[str]:
     return [sys.executable, "-m", "sweep", "run", str(study)]
 
 
-def _finished_trial(study: Path) -> optuna.trial.FrozenTrial:
-    trial = _trial(study)
+def _finished_trial(session: Session) -> optuna.trial.FrozenTrial:
+    trial = _trial(session)
     if trial is None:
-        raise SweepError(f"the drill's study {study} has no trial")
+        raise SweepError(f"the drill's study {session.config.path} has no trial")
     return trial
 
 
-def _trial(study: Path) -> optuna.trial.FrozenTrial | None:
-    raw = yaml.safe_load(study.read_text())
+def _trial(session: Session) -> optuna.trial.FrozenTrial | None:
     try:
-        trials = optuna.load_study(study_name=raw["name"], storage=f"sqlite:///{raw['workdir']}/study.db").trials
-    except Exception:  # not created yet  # noqa: BLE001
+        trials = session.open(create=False).trials()
+    except SweepError:  # not created yet
         return None
     return trials[0] if trials else None
 
@@ -109,15 +111,12 @@ class _Watched:
         return None
 
 
-def _kill_after(victim: _Watched, study: Path, step: int) -> None:
+def _kill_after(victim: _Watched, session: Session, step: int) -> None:
     """SIGKILL `victim` as soon as its trial has reported `step`.
 
-    Polls one open storage (a fresh `load_study` per poll costs tens of ms, long enough for a
+    Polls one open session (a fresh `load_study` per poll costs tens of ms, long enough for a
     fast trial to run to its end between two polls on a loaded machine).
     """
-    raw = yaml.safe_load(study.read_text())
-    db = Path(raw["workdir"]) / "study.db"
-    storage = None
     while True:
         if victim.proc.poll() is not None:
             time.sleep(0.2)  # let the reader thread collect the last lines
@@ -126,19 +125,8 @@ def _kill_after(victim: _Watched, study: Path, step: int) -> None:
                                  + "".join(line for _, line in victim.lines).strip())
             raise SweepError(f"the drill's run finished before it could be killed at step {step}; "
                              "use more train.steps")
-        trials = []
-        if storage is None and db.exists():
-            try:  # its tables may not exist yet (the engine is built once: that costs ~0.3 s)
-                with workdir_lock(db.parent):
-                    storage = optuna.storages.RDBStorage(f"sqlite:///{db}", skip_table_creation=True)
-            except Exception:  # noqa: BLE001
-                pass
-        if storage is not None:
-            try:  # the study may not exist yet
-                trials = storage.get_all_trials(storage.get_study_id_from_name(raw["name"]), deepcopy=False)
-            except Exception:  # noqa: BLE001
-                pass
-        if trials and max(trials[0].intermediate_values, default=0) >= step:
+        trial = _trial(session) if session.config.workdir.exists() else None
+        if trial is not None and max(trial.intermediate_values, default=0) >= step:
             os.kill(victim.proc.pid, signal.SIGKILL)
             return
         time.sleep(0.002)
@@ -161,17 +149,20 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         raise SweepError(f"{config.path}: train.steps must exceed train.eval_every for the drill to kill mid-trial")
     kill_at = random.Random(seed).choice(evals)
     root = Path(tempfile.mkdtemp(prefix="sweep-drill-"))
+    sessions: list[Session] = []
     try:
-        reference = _copy(config, root, "reference")
+        reference, ref_session = _copy(config, root, "reference")
+        sessions.append(ref_session)
         _run(reference)
-        ref = _finished_trial(reference)
-        drilled = _copy(config, root, "drill")
-        ckpt_dir = root / "drill" / "checkpoints" / "trial_0000"
+        ref = _finished_trial(ref_session)
+        drilled, session = _copy(config, root, "drill")
+        sessions.append(session)
+        ckpt_dir = session.config.checkpoint_dir(0)
         victim = _Watched(drilled)
-        _kill_after(victim, drilled, kill_at)
+        _kill_after(victim, session, kill_at)
         killed_time = time.time()
         victim.proc.wait()
-        killed_step = max(_finished_trial(drilled).intermediate_values)
+        killed_step = max(_finished_trial(session).intermediate_values)
         saved = newest_step(ckpt_dir)
         saved_time = (ckpt_dir / str(saved)).stat().st_mtime if saved is not None else None
         restart = _Watched(drilled)
@@ -183,13 +174,15 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         started = victim.first(r"trial 0: started")
         resumed = int(restored[1].group(1)) if restored else 0
         since = saved_time if saved_time else victim.start_wall + (started[0] if started else 0.0)
-        differences = _compare(ref, _finished_trial(drilled))
+        differences = _compare(ref, session.trial(0))
         return DrillReport(
             killed_at_step=killed_step, resumed_from_step=resumed, lost_steps=killed_step - resumed,
             lost_seconds=killed_time - since, restart_to_restored_s=restored[0] if restored else float("nan"),
             restart_to_first_new_step_s=first_step[0] if first_step else float("nan"),
             bit_identical=not differences, differences=differences)
     finally:
+        for opened in sessions:
+            opened.close()
         if not keep:
             import shutil
 

@@ -14,10 +14,9 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep.best import best_params, best_step
-from sweep.config import Config
 from sweep.errors import SweepError
 from sweep.export_format import flatten
-from sweep.study import load_study, open_storage
+from sweep.session import Session
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -32,7 +31,7 @@ def _json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
-def export(config: Config, out: Path, trial: int | None = None, include_pruned: bool = False) -> dict[str, Any]:
+def export(session: Session, out: Path, trial: int | None = None, include_pruned: bool = False) -> dict[str, Any]:
     """Write the export of the study's finished trials (or only `trial`) into `out`; returns the index.
 
     Raises:
@@ -40,20 +39,20 @@ def export(config: Config, out: Path, trial: int | None = None, include_pruned: 
     """
     from safetensors.numpy import save
 
-    study = load_study(config, open_storage(config, create=False), create=False)
+    config = session.open(create=False).config
     states = (TrialState.COMPLETE, TrialState.PRUNED) if include_pruned else (TrialState.COMPLETE,)
-    trials = study.get_trials(deepcopy=False, states=states)
+    trials = session.trials(states)
     if trial is not None:
         trials = [t for t in trials if t.number == trial]
         if not trials:
-            known = [t.number for t in study.get_trials(deepcopy=False)]
+            known = list(session.trial_states())
             why = "it does not exist" if trial not in known else "it is not " + (
                 "COMPLETE or PRUNED" if include_pruned else "COMPLETE (see --include-pruned)")
             raise SweepError(f"cannot export trial {trial} of study {config.name!r}: {why}")
     if not trials:
         raise SweepError(f"study {config.name!r} has no finished trial to export yet")
     direction, metric = config.study.objective.direction, config.study.objective.metric
-    sign = 1 if direction == "minimize" else -1
+    sign = config.study.objective.sign
     trials = sorted(trials, key=lambda t: (sign * best_step(t, direction)[1], t.number))
     out.mkdir(parents=True, exist_ok=True)
     entries = []

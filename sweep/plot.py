@@ -20,18 +20,19 @@ from sweep.best import best_of_reports
 from sweep.checkpoints import kept_steps
 from sweep.config import Config
 from sweep.errors import SweepError
-from sweep.study import load_study, open_storage
+from sweep.session import Session
 
 log = logging.getLogger("sweep")
 
 
-def plot(config: Config, out: Path) -> list[Path]:
+def plot(session: Session, out: Path) -> list[Path]:
     """Write the study's figures and every trial's learning curve under `out`; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
-    study = load_study(config, open_storage(config, create=False), create=False)
-    trials = [t for t in study.get_trials(deepcopy=False) if t.intermediate_values or t.state == TrialState.COMPLETE]
+    config = session.open(create=False).config
+    study = session.study
+    trials = [t for t in session.trials() if t.intermediate_values or t.state == TrialState.COMPLETE]
     if not trials:
         raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
     out.mkdir(parents=True, exist_ok=True)

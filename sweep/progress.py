@@ -3,7 +3,8 @@
 Progress is read from Optuna's storage (reports, states, claims) and the checkpoint folders, not
 from the training loop: one view for one process, joblib workers and other hosts alike, and
 nothing for the trial code to call. Its resolution is one evaluation (`train.eval_every`), except
-for trials running in this process, whose runner shares its current step (`runner.CURRENT_STEPS`).
+for trials running in this process, whose runner shares its current step through the session's
+progress callback (`Session.steps`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ import threading
 import time
 from typing import Any
 
-from optuna.trial import TrialState
-
 from sweep.best import best_of_reports
 from sweep.checkpoints import newest_mtime
-from sweep.claims import Claims, trial_key
-from sweep.config import Config
-from sweep.study import FINISHED, trial_states
+from sweep.session import FINISHED, Session
 
 log = logging.getLogger("sweep")
 
@@ -49,13 +46,16 @@ class StudyLine:
 
 
 class Monitor:
-    """Polls a study's storage; keeps what it needs to tell a trial's speed between polls."""
+    """Polls a study's storage; keeps what it needs to tell a trial's speed between polls.
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self._storage: Any = None
-        self._study_id: int | None = None
-        self._claims: Claims | None = None
+    It reads through a session of its own (it runs in its own thread, and the study may not exist
+    yet when it starts); the current steps of trials in this process come from `session.steps`.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.config = session.config
+        self._steps = session.steps
+        self._reader = Session(session.config)
         # number -> (time, step) when first seen, and when its step first changed: a step seen on a
         # report boundary (the first change) times whole steps; first sight is a rougher start.
         self._first_seen: dict[int, tuple[float, int]] = {}
@@ -63,32 +63,26 @@ class Monitor:
         self._study_line: tuple[frozenset[int], float, StudyLine] | None = None
 
     def _open(self) -> bool:
-        if self._storage is not None:
-            return True
         from sweep.errors import SweepError
-        from sweep.study import creation_lock, open_storage
 
-        try:  # the study may not exist yet: `run` or its workers create it, under this lock
-            with creation_lock(self.config):
-                storage = open_storage(self.config, create=False)
-                study_id = storage.get_study_id_from_name(self.config.name)
-        except (SweepError, KeyError):
+        try:  # the study may not exist yet: `run` or its workers create it
+            self._reader.open(create=False)
+        except SweepError:
             return False
-        self._storage, self._study_id = storage, study_id
-        self._claims = Claims(storage.engine, study_id, self.config.study.parallel.lease_grace_seconds)
         return True
 
     def poll(self) -> tuple[StudyLine, list[TrialLine]] | None:
         """The study line and one line per trial with a live worker; None before the study exists."""
         if not self._open():
             return None
-        assert self._claims is not None
-        running = self._storage.get_all_trials(self._study_id, deepcopy=False, states=(TrialState.RUNNING,))
-        live = self._claims.live_owners(trial_key(t._trial_id) for t in running)
+        running = self._reader.running()
+        live = self._reader.live_numbers(running)
         now = time.time()
-        lines = [self._line(t, now) for t in sorted(running, key=lambda t: t.number)
-                 if trial_key(t._trial_id) in live]
-        return self._study(frozenset(t._trial_id for t in running), now), lines
+        lines = [self._line(t, now) for t in running if t.number in live]
+        return self._study(frozenset(t.number for t in running), now), lines
+
+    def close(self) -> None:
+        self._reader.close()
 
     def _study(self, running: frozenset[int], now: float) -> StudyLine:
         """Re-read when the set of running trials changed, or every 10 s for other hosts' work."""
@@ -96,22 +90,16 @@ class Monitor:
             ids, when, line = self._study_line
             if ids == running and now - when < 10:
                 return line
-        storage, sid = self._storage, self._study_id
-        finished = sum(state in FINISHED for state in trial_states(storage, sid).values())
-        try:
-            best = storage.get_best_trial(sid)
-            best_value, best_number = best.value, best.number
-        except ValueError:  # no COMPLETE trial yet
-            best_value = best_number = None
+        finished = sum(state in FINISHED for state in self._reader.trial_states().values())
+        best = self._reader.best_trial()
+        best_value, best_number = (best.value, best.number) if best is not None else (None, None)
         line = StudyLine(finished, self.config.study.n_trials, best_value, best_number)
         self._study_line = (running, now, line)
         return line
 
     def _line(self, t: Any, now: float) -> TrialLine:
-        from sweep.runner import CURRENT_STEPS
-
         reports = t.intermediate_values
-        step = max(max(reports, default=0), CURRENT_STEPS.get(t.number, 0))
+        step = max(max(reports, default=0), self._steps.get(t.number, 0))
         seen = self._first_seen.setdefault(t.number, (now, step))
         if step != seen[1] and t.number not in self._first_change:
             self._first_change[t.number] = (now, step)
@@ -177,9 +165,9 @@ class Display:
         every_s: seconds between two log lines of a trial when not `live`.
     """
 
-    def __init__(self, config: Config, live: bool, every_s: float = 30.0, console: Any = None) -> None:
-        self.monitor, self.live, self.every_s = Monitor(config), live, every_s
-        self.metric = config.study.objective.metric
+    def __init__(self, session: Session, live: bool, every_s: float = 30.0, console: Any = None) -> None:
+        self.monitor, self.live, self.every_s = Monitor(session), live, every_s
+        self.metric = session.config.study.objective.metric
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sweep-progress", daemon=True)
         self._console = console
@@ -191,6 +179,8 @@ class Display:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.monitor.close()
 
     def _loop(self) -> None:
         try:

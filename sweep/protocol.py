@@ -64,7 +64,9 @@ def import_trial(name: str) -> ModuleType:
         ImportError (or whatever the module raises while importing).
     """
     # A user's own trial module lives beside their study file, like `python -m` would find it.
-    if "" not in sys.path and "." not in sys.path:
+    # The entry is taken out again afterwards: the process's import path is not ours to keep.
+    added = "" not in sys.path and "." not in sys.path
+    if added:
         sys.path.insert(0, "")
     # Validation must write nothing, not even a __pycache__ next to the user's module.
     old, sys.dont_write_bytecode = sys.dont_write_bytecode, True
@@ -72,3 +74,5 @@ def import_trial(name: str) -> ModuleType:
         return importlib.import_module(name)
     finally:
         sys.dont_write_bytecode = old
+        if added and "" in sys.path:
+            sys.path.remove("")

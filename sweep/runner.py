@@ -1,32 +1,25 @@
-"""One trial: restore-or-init, train, evaluate, report, prune, checkpoint, react to signals."""
+"""The training loop of one trial: restore-or-init, train, evaluate, report, prune, checkpoint, stop."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 import logging
 import math
-import os
-import signal
-import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
+from sweep import compiled
+from sweep.best import best_of_reports
 from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
+from sweep.signals import StopSignal
+from sweep.state import initial_state
 
 log = logging.getLogger("sweep")
-# trial number -> its current step, for the progress view of this process (reports come only
-# every eval_every steps; a dict write per step costs nothing next to a step).
-CURRENT_STEPS: dict[int, int] = {}
 
 
 class Reporter(Protocol):
@@ -45,42 +38,9 @@ class Outcome:
     last_step: int
 
 
-class StopSignal:
-    """Turns SIGTERM/SIGINT into a flag the loop checks after every step; a second SIGINT exits at once."""
-
-    def __init__(self, grace_seconds: float = 20.0) -> None:
-        self.signum: int | None = None
-        self.grace_seconds = grace_seconds
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            # Second Ctrl-C: the user wants out now. Everything already committed stays valid.
-            os._exit(130)
-        self.signum = signum
-        log.warning("signal %d received: checkpointing running trials, then exiting (at most %g s)", signum,
-                    self.grace_seconds)
-        # A step or a save that hangs (a stuck filesystem) must not keep a preempted machine alive:
-        # past the grace period the process exits anyway; committed checkpoints stay valid.
-        timer = threading.Timer(self.grace_seconds, self._expire, args=(signum,))
-        timer.daemon = True
-        timer.start()
-
-    def _expire(self, signum: int) -> None:
-        log.error("grace period of %g s is over: exiting without a final checkpoint", self.grace_seconds)
-        os._exit(128 + signum)
-
-    def check(self) -> None:
-        if self.signum is not None:
-            raise Interrupted(self.signum)
-
-
 @dataclasses.dataclass
 class _Best:
-    sign: float  # +1 minimise, -1 maximise
+    sign: int  # +1 minimise, -1 maximise
     step: int | None = None
     value: float = math.inf
     pending: tuple[int, Any, dict[str, float]] | None = None  # (step, host copy, metrics) not yet on disk
@@ -92,200 +52,12 @@ class _Best:
         return False
 
 
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    """A trial's jitted training window and evaluation, shared by all trials of equal static hyperparameters.
-
-    Float hyperparameters sampled from the search space are traced arguments, not constants, so a
-    new learning rate does not compile anew (and JAX's persistent cache serves the next process).
-    """
-
-    window: Callable  # (params, opt_state, key, data, start, n, traced_hp) -> (params, opt_state, loss)
-    evaluate: Callable  # (params, data, traced_hp) -> metrics
-
-
-_COMPILED: "collections.OrderedDict[tuple[Any, ...], Compiled]" = collections.OrderedDict()
-_COMPILED_MAX = 8  # bounded: a study of many shapes must not keep every executable alive
-
-
-@functools.cache
-def mesh(devices: int) -> Any:
-    """A 1-D mesh ("data") over the first `devices` devices JAX sees."""
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
-
-
-def replicated(devices: int) -> Any:
-    return jax.sharding.NamedSharding(mesh(devices), jax.sharding.PartitionSpec())
-
-
-def _split_batch(batch: Any, devices: int) -> Any:
-    """Shard every array of a batch along its leading axis over the mesh (data parallelism).
-
-    XLA then computes each device's part of the loss and gradient and all-reduces the gradient;
-    params and optimizer state stay replicated (the window's outputs are pinned to that).
-    """
-    sharding = jax.sharding.NamedSharding(mesh(devices), jax.sharding.PartitionSpec("data"))
-
-    def split(x: Any) -> Any:
-        if jnp.ndim(x) == 0 or jnp.shape(x)[0] % devices:
-            raise ValueError(f"train.devices: {devices} devices must divide the leading axis of every batch "
-                             f"array, got shape {tuple(jnp.shape(x))}")
-        return jax.lax.with_sharding_constraint(x, sharding)
-
-    return jax.tree.map(split, batch)
-
-
-def compiled(module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1) -> Compiled:
-    """The compiled functions for `hp`, with the names in `traced` passed as arguments (cached).
-
-    `devices` > 1: data parallel over `mesh(devices)` (batch split, params replicated).
-    """
-    static = {k: v for k, v in hp.items() if k not in traced}
-    key = (module.__name__, id(module), repr(sorted(static.items())), traced, devices)
-    if key in _COMPILED:
-        _COMPILED.move_to_end(key)
-        return _COMPILED[key]
-
-    def window(params, opt_state, rng, data, start, n, traced_hp):
-        # One compiled loop over steps [start, start + n): no Python dispatch per step. The body is
-        # a function of (state, step) only, so any split of the steps into windows gives the same
-        # bits (checked by the tests); windows therefore need no alignment beyond step numbers.
-        full = {**static, **traced_hp}
-        tx = module.optimizer(full)
-
-        def body(step, carry):
-            params, opt_state, _ = carry
-            batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
-            batch = module.batch(full, data, batch_key)
-            if devices > 1:
-                batch = _split_batch(batch, devices)
-            loss, grads = jax.value_and_grad(lambda p: module.loss(full, p, batch, loss_key))(params)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, jnp.asarray(loss, jnp.float32)
-
-        return jax.lax.fori_loop(start, start + n, body, (params, opt_state, jnp.zeros((), jnp.float32)))
-
-    def evaluate(params, data, traced_hp):
-        return module.evaluate({**static, **traced_hp}, params, data)
-
-    pinned = {"out_shardings": replicated(devices)} if devices > 1 else {}
-    out = Compiled(jax.jit(window, donate_argnums=(0, 1), **pinned), jax.jit(evaluate))
-    _COMPILED[key] = out
-    if len(_COMPILED) > _COMPILED_MAX:
-        _COMPILED.popitem(last=False)
-    return out
-
-
-def traced_names(config: Config, hp: Mapping[str, Any]) -> tuple[str, ...]:
-    """Sampled float hyperparameters: the ones that differ between trials of equal shapes."""
-    return tuple(sorted(k for k in config.study.search_space if isinstance(hp.get(k), float)))
-
-
-WINDOW_SECONDS = 0.2  # a training window's target length: bounds the reaction to SIGTERM and every_seconds
-# Trace errors of a trial that branches in Python on a float hyperparameter: it then gets that
-# hyperparameter as a constant (a compile per value), which is slower but correct.
-_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
-                 jax.errors.TracerArrayConversionError)
-_UNTRACEABLE: set[tuple[str, str, tuple[str, ...]]] = set()
-
-
-class _Functions:
-    """The trial's window and evaluation, traced float hyperparameters where the trial allows it."""
-
-    def __init__(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1) -> None:
-        self.module, self.hp, self.traced, self.devices = module, hp, traced, devices
-        self.cap = 1  # steps in the next window at most; the first one includes the compilation
-        self._timed = False
-
-    def _call(self, kind: str, *args: Any) -> Any:
-        traced = self.traced
-        if (self.module.__name__, kind, traced) in _UNTRACEABLE:
-            traced = ()
-        fn = getattr(compiled(self.module, self.hp, traced, self.devices), kind)
-        try:
-            return fn(*args, {k: self.hp[k] for k in traced})
-        except _TRACE_ERRORS as exc:
-            if not traced:
-                raise
-            log.debug("%s: %s of a float hyperparameter needs its value; compiling it as a constant (%s)",
-                      self.module.__name__, kind, type(exc).__name__)
-            _UNTRACEABLE.add((self.module.__name__, kind, traced))
-            return self._call(kind, *args)
-
-    def evaluate(self, params: Any, data: Any) -> Any:
-        return self._call("evaluate", params, data)
-
-    def window(self, params: Any, opt_state: Any, key: Any, data: Any, start: int, n: int) -> Any:
-        t0 = time.perf_counter()
-        out = self._call("window", params, opt_state, key, data, np.int32(start), np.int32(n))
-        out[2].block_until_ready()
-        # Windows grow to WINDOW_SECONDS of steps, timed after the first (which compiled).
-        if self._timed:
-            per_step = (time.perf_counter() - t0) / n
-            self.cap = max(1, min(self.cap * 8, int(WINDOW_SECONDS / max(per_step, 1e-9))))
-        self._timed = True
-        return out
-
-
 def _window_end(step: int, total: int, eval_every: int, every_steps: int | None, cap: int) -> int:
     """The end of the next window: the next evaluation, periodic save or last step, `cap` steps at most."""
     ends = [total, (step // eval_every + 1) * eval_every, step + cap]
     if every_steps:
         ends.append((step // every_steps + 1) * every_steps)
     return min(ends)
-
-
-# Executables this process needed ("requests"), and of those the ones the persistent cache served
-# ("cache_hits"); XLA compiled the rest. From JAX's monitoring events; `--verbose` logs them per trial.
-COMPILES: collections.Counter[str] = collections.Counter()
-
-
-def compilations(counts: collections.Counter[str] | None = None) -> int:
-    """XLA compilations in `counts` (default: this process so far)."""
-    counts = COMPILES if counts is None else counts
-    return counts["requests"] - counts["cache_hits"]
-
-
-def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":  # also timed around a cache hit
-        COMPILES["requests"] += 1
-
-
-def _on_event(event: str, **kwargs: str | int) -> None:
-    if event == "/jax/compilation_cache/cache_hits":
-        COMPILES["cache_hits"] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_duration)
-jax.monitoring.register_event_listener(_on_event)
-
-
-def use_compilation_cache(directory: Path) -> None:
-    """JAX's persistent compilation cache in `directory`: a resumed trial, a new process or another
-    worker finds the executables already compiled for these shapes (every compile is cached: ours
-    take ~0.5 s, under JAX's default 1 s threshold)."""
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    # JAX otherwise puts XLA's GPU autotune-cache folder (under the cache dir) into the compile
-    # options, so every key depends on the workdir's path: a copied or shared cache never hit.
-    jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
-
-
-def initial_state(config: Config, number: int, hp: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
-    """(fresh training state, data, optimizer) of trial `number`; also the template to restore into."""
-    module = config.trial_module
-    data = module.data(hp)
-    tx = module.optimizer(hp)
-    init_key, train_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(config.study.train.seed), number))
-    params = module.init(hp, init_key, data)
-    return {"params": params, "opt_state": tx.init(params), "step": np.zeros((), np.int32), "key": train_key}, data, tx
-
-
-def open_checkpoints(config: Config, number: int, directory: Path) -> TrialCheckpoints:
-    c, objective = config.study.checkpoint, config.study.objective
-    return TrialCheckpoints(directory, objective.metric, objective.direction, c.keep_last, c.keep_best,
-                            label=f"trial {number}")
 
 
 def run_trial(
@@ -297,6 +69,7 @@ def run_trial(
     ckpt: TrialCheckpoints,
     stop: StopSignal,
     on_restore: Callable[[int], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> Outcome:
     """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
 
@@ -307,20 +80,22 @@ def run_trial(
         reported: intermediate values already stored (from before an interruption); only new
             steps are reported again.
         on_restore: called with the step a checkpoint was restored from, before training.
+        on_step: called with (number, step) after every training window, and with (number, -1)
+            when the trial stops running here (the progress view's source of the current step).
 
     Raises:
         Interrupted: a signal arrived; the current step was checkpointed first.
     """
     study, module = config.study, config.trial_module
-    metric, direction = study.objective.metric, study.objective.direction
+    metric = study.objective.metric
     total, eval_every = study.train.steps, study.train.eval_every
-    compiles_before = COMPILES.copy()
+    compiles_before = compiled.COMPILES.copy()
     try:
         state, data, _ = initial_state(config, number, hp)
         devices = study.train.devices
         if devices > 1:  # restored into these shardings too (the template's)
-            state, data = jax.device_put((state, data), replicated(devices))
-        sign = 1.0 if direction == "minimize" else -1.0
+            state, data = jax.device_put((state, data), compiled.replicated(devices))
+        sign = study.objective.sign
         start, state = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
         if start is not None:
             log.info("trial %d: resumed from step %d", number, start)
@@ -328,7 +103,7 @@ def run_trial(
                 on_restore(start)
         step = int(state["step"])
         best = _best_of(reported, step, sign)
-        fns = _Functions(module, hp, traced_names(config, hp), devices)
+        fns = compiled.Functions(module, hp, compiled.traced_names(study.search_space, hp), devices)
         if devices > 1:
             leaf = jax.tree.leaves(state["params"])[0]
             log.info("trial %d: data parallel: each batch split over %d devices, params replicated on %d",
@@ -369,7 +144,8 @@ def run_trial(
             end = _window_end(step, total, eval_every, study.checkpoint.every_steps, fns.cap)
             params, opt_state, loss = fns.window(params, opt_state, key, data, step, end - step)
             step = end
-            CURRENT_STEPS[number] = step
+            if on_step is not None:
+                on_step(number, step)
             evaluated = None
             if announce_first_step:
                 announce_first_step = False
@@ -380,18 +156,19 @@ def run_trial(
         ckpt.wait()
         raise
     finally:
-        CURRENT_STEPS.pop(number, None)
-        done = COMPILES - compiles_before
+        if on_step is not None:
+            on_step(number, -1)
+        done = compiled.COMPILES - compiles_before
         log.debug("trial %d: %d XLA compilation(s), %d executable(s) from the persistent cache", number,
-                  compilations(done), done["cache_hits"])
+                  compiled.compilations(done), done["cache_hits"])
 
 
-def _best_of(reported: Mapping[int, float], step: int, sign: float) -> _Best:
+def _best_of(reported: Mapping[int, float], step: int, sign: int) -> _Best:
     """The best of the evaluations reported up to `step`."""
     best = _Best(sign=sign)
-    for s, v in sorted(reported.items()):
-        if s <= step:
-            best.offer(s, v)
+    found = best_of_reports({s: v for s, v in reported.items() if s <= step}, sign)
+    if found is not None:
+        best.step, best.value = found
     return best
 
 

@@ -12,11 +12,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.checkpoints import newest_step
-from sweep.claims import Claims, trial_key
-from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
-from sweep.runner import Outcome, StopSignal, open_checkpoints, run_trial, use_compilation_cache
-from sweep.study import FINISHED, creation_lock, load_study, open_storage, rdb, suggest_all, trial_states
+from sweep.runner import Outcome, run_trial
+from sweep.samplers import suggest_all
+from sweep.session import FINISHED, Session
+from sweep.signals import StopSignal
 
 log = logging.getLogger("sweep")
 WAIT_POLL_S = 0.5
@@ -24,42 +24,33 @@ WAIT_POLL_S = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class Claimed:
-    trial_id: int
     number: int
     adopted: bool
 
 
-def open_study(config: Config) -> tuple[optuna.Study, Claims]:
-    """Create or open the study and its claims table (serialised: Optuna's schema creation races)."""
-    storage = open_storage(config, create=True)
-    with creation_lock(config):
-        Claims.create_table(storage.engine)
-    study = load_study(config, storage, create=True)
-    return study, Claims(storage.engine, study._study_id, config.study.parallel.lease_grace_seconds)
-
-
-def run(config: Config, stop: StopSignal) -> optuna.Study:
+def run(session: Session, stop: StopSignal) -> None:
     """Run the study until `n_trials` trials are finished (or the timeout), resuming what was cut off.
 
     Raises:
         Interrupted: on SIGTERM/SIGINT, after the running trial was checkpointed.
     """
-    study, claims = open_study(config)
-    use_compilation_cache(config.workdir / "jax_cache")
-    _log_start(study, claims)
+    session.open(create=True)
+    session.use_compilation_cache()
+    config, claims = session.config, session.claims
+    _log_start(session)
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()
     try:
         while True:
             stop.check()
             with claims.ask_lock():
-                claimed = _next_trial(config, study, claims, deadline)
+                claimed = _next_trial(session, deadline)
             if claimed is not None:
-                _run_claimed(config, study, claims, claimed, stop)
-            elif _others_running(study, claims) and not _past(deadline):
+                _run_claimed(session, claimed, stop)
+            elif _others_running(session) and not _past(deadline):
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
-                return study
+                return
     finally:
         claims.stop_heartbeat()
 
@@ -68,44 +59,39 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
-def _running(study: optuna.Study) -> list[FrozenTrial]:
-    return rdb(study).get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+def _others_running(session: Session) -> bool:
+    return bool(session.live_numbers(session.running()))
 
 
-def _others_running(study: optuna.Study, claims: Claims) -> bool:
-    running = _running(study)
-    return bool(claims.live_owners(trial_key(t._trial_id) for t in running))
-
-
-def _next_trial(config: Config, study: optuna.Study, claims: Claims, deadline: float | None) -> Claimed | None:
+def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     """Adopt the lowest-numbered orphaned trial, else ask a new one while fewer than n_trials exist.
 
     Runs under the study's ask lock, so counting and asking are one atomic step across processes.
     Orphans go first: TPE's constant liar would otherwise bias new trials towards them.
     """
-    running = sorted(_running(study), key=lambda t: t.number)
-    live = claims.live_owners(trial_key(t._trial_id) for t in running)
+    config, claims = session.config, session.claims
+    running = session.running()
+    live = session.live_numbers(running)
     for t in running:
-        key = trial_key(t._trial_id)
-        if key not in live and claims.try_take(key):
+        if t.number not in live and claims.try_take(claims.key(t.number)):
             # Its owner may have finished it and released the claim since `running` was read.
-            if study._storage.get_trial(t._trial_id).state == TrialState.RUNNING:
-                return Claimed(t._trial_id, t.number, adopted=True)
-            claims.release(key)
-    if len(trial_states(study)) >= config.study.n_trials or _past(deadline):
+            if session.trial(t.number).state == TrialState.RUNNING:
+                return Claimed(t.number, adopted=True)
+            claims.release(claims.key(t.number))
+    if len(session.trial_states()) >= config.study.n_trials or _past(deadline):
         return None
-    trial = study.ask()
-    claims.try_take(trial_key(trial._trial_id))
+    trial = session.ask()
+    claims.try_take(claims.key(trial.number))
     trial.set_user_attr("checkpoint_dir", str(config.checkpoint_dir(trial.number)))
     trial.set_user_attr("resumes", 0)
-    return Claimed(trial._trial_id, trial.number, adopted=False)
+    return Claimed(trial.number, adopted=False)
 
 
-def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: Claimed, stop: StopSignal) -> None:
-    key = trial_key(claimed.trial_id)
+def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
+    config, claims = session.config, session.claims
     try:
-        frozen = study._storage.get_trial(claimed.trial_id)
-        trial = optuna.Trial(study, claimed.trial_id)
+        frozen = session.trial(claimed.number)
+        trial = session.handle(claimed.number)
         if claimed.adopted:
             trial.set_user_attr("resumes", int(frozen.user_attrs.get("resumes", 0)) + 1)
         ckpt_dir = frozen.user_attrs.get("checkpoint_dir") or str(config.checkpoint_dir(claimed.number))
@@ -114,33 +100,35 @@ def _run_claimed(config: Config, study: optuna.Study, claims: Claims, claimed: C
         params = suggest_all(config, trial)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        outcome = _attempts(config, study, trial, frozen, params, Path(ckpt_dir), stop)
+        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop)
         if outcome is None:
-            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             return
         if outcome.state == "COMPLETE":
-            study.tell(trial, outcome.best_value, skip_if_finished=True)
+            session.study.tell(trial, outcome.best_value, skip_if_finished=True)
         else:
-            study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            session.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
         log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
                  config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
     finally:
-        claims.release(key)
+        claims.release(claims.key(claimed.number))
 
 
-def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any],
+def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any],
               ckpt_dir: Path, stop: StopSignal) -> Outcome | None:
     """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
 
     Failures are counted in the `failures` user attribute, so a restart does not reset the count.
     """
+    config = session.config
     number, failures = frozen.number, int(frozen.user_attrs.get("failures", 0))
     while True:
-        ckpt = open_checkpoints(config, number, ckpt_dir)
+        ckpt = session.checkpoints(number, ckpt_dir)
         try:
             outcome = run_trial(config, number, config.hyperparameters(params), trial,
                                 dict(frozen.intermediate_values), ckpt, stop,
-                                on_restore=lambda step: _record_resume(trial, step))
+                                on_restore=lambda step: _record_resume(session, trial, step),
+                                on_step=session.on_step)
             # Recorded while the final save is still being written; told only once it is on disk.
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
                                 ("last_step", outcome.last_step)):
@@ -158,25 +146,25 @@ def _attempts(config: Config, study: optuna.Study, trial: optuna.Trial, frozen: 
                       if retry else "")
             if not retry:
                 return None
-            frozen = study._storage.get_trial(frozen._trial_id)  # the failed attempt's new reports
+            frozen = session.trial(number)  # the failed attempt's new reports
         finally:
             ckpt.close()
 
 
-def _record_resume(trial: optuna.Trial, step: int) -> None:
+def _record_resume(session: Session, trial: optuna.Trial, step: int) -> None:
     """Append `step` to the trial's `resumed_from` user attribute (plot marks it on the curve)."""
-    steps = trial.study._storage.get_trial(trial._trial_id).user_attrs.get("resumed_from", [])
+    steps = session.trial(trial.number).user_attrs.get("resumed_from", [])
     trial.set_user_attr("resumed_from", [*steps, step])
 
 
-def _log_start(study: optuna.Study, claims: Claims) -> None:
-    finished = [number for number, state in trial_states(study).items() if state in FINISHED]
+def _log_start(session: Session) -> None:
+    finished = [number for number, state in session.trial_states().items() if state in FINISHED]
     if finished:
         log.info("trials %s: finished, skipped", _ranges(finished))
-    running = _running(study)
-    live = claims.live_owners(trial_key(t._trial_id) for t in running)
+    running = session.running()
+    live = session.live_numbers(running)
     for t in running:
-        if trial_key(t._trial_id) not in live:
+        if t.number not in live:
             step = newest_step(t.user_attrs.get("checkpoint_dir", ""))
             where = f"its newest checkpoint, step {step}" if step is not None else "step 0 (no checkpoint yet)"
             log.info("trial %d: interrupted, will resume from %s", t.number, where)

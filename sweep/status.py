@@ -9,19 +9,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.best import best_of_reports
 from sweep.checkpoints import newest_mtime
-from sweep.claims import Claims, trial_key
-from sweep.config import Config
-from sweep.study import load_study, open_storage
+from sweep.config import sign
+from sweep.session import Session
 
 
-def collect(config: Config) -> dict[str, Any]:
+def collect(session: Session) -> dict[str, Any]:
     """The contract's `status --json` object. Reads only; creates nothing."""
-    storage = open_storage(config, create=False)
-    study = load_study(config, storage, create=False)
-    trials = storage.get_all_trials(study._study_id, deepcopy=False)
-    claims = Claims(storage.engine, study._study_id, config.study.parallel.lease_grace_seconds)
-    live = claims.live_owners(trial_key(t._trial_id) for t in trials if t.state == TrialState.RUNNING) \
-        if _has_claims(storage.engine) else {}
+    config = session.open(create=False).config
+    trials = session.trials()
+    live = session.live_numbers(trials)
     direction = config.study.objective.direction
     return {
         "study": config.name,
@@ -29,23 +25,17 @@ def collect(config: Config) -> dict[str, Any]:
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,
-        "trials": [_entry(t, live, direction) for t in sorted(trials, key=lambda t: t.number)],
+        "trials": [_entry(t, live, direction) for t in trials],
     }
 
 
-def _has_claims(engine: Any) -> bool:
-    import sqlalchemy as sa
-
-    return sa.inspect(engine).has_table("sweep_claims")
-
-
-def _state(t: FrozenTrial, live: dict[str, str]) -> str:
+def _state(t: FrozenTrial, live: set[int]) -> str:
     if t.state == TrialState.RUNNING:
-        return "RUNNING" if trial_key(t._trial_id) in live else "INTERRUPTED"
+        return "RUNNING" if t.number in live else "INTERRUPTED"
     return t.state.name
 
 
-def _entry(t: FrozenTrial, live: dict[str, str], direction: str) -> dict[str, Any]:
+def _entry(t: FrozenTrial, live: set[int], direction: str) -> dict[str, Any]:
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
@@ -65,8 +55,7 @@ def _entry(t: FrozenTrial, live: dict[str, str], direction: str) -> dict[str, An
 def table(status: dict[str, Any], highlight: bool = False) -> str:
     """A fixed-width table, sorted by number, with the best trial marked by '*' (and bold if `highlight`)."""
     complete = [t for t in status["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
-    sign = 1 if status["direction"] == "minimize" else -1
-    best = min(complete, key=lambda t: sign * t["value"])["number"] if complete else None
+    best = min(complete, key=lambda t: sign(status["direction"]) * t["value"])["number"] if complete else None
     names = sorted({k for t in status["trials"] for k in t["params"]})
     head = ["", "number", "state", *names, status["metric"], "best_step", "last_step", "resumes", "ckpt_age"]
     rows = [head]

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any
 from sweep.errors import Interrupted, SweepError
 
 if TYPE_CHECKING:  # light at import: `run` calls prestart() before it imports JAX, Orbax, Optuna
-    import optuna
-
-    from sweep.config import Config
-    from sweep.runner import StopSignal
+    from sweep.config import Config, Source
+    from sweep.session import Session
+    from sweep.signals import StopSignal
 
 log = logging.getLogger("sweep")
 
@@ -53,10 +52,6 @@ def _pin(cpus: list[int]) -> None:
     the pools would do the same, but they are part of JAX's compilation-cache key, so workers would
     miss the executables cached by a one-process run; an affinity mask changes no key.
     """
-    from jax._src import xla_bridge
-
-    if xla_bridge.backends_are_initialized():
-        log.debug("JAX's backend is already running; its thread pools keep their size")
     os.sched_setaffinity(0, cpus)
 
 
@@ -97,11 +92,12 @@ def _preload(trial: str, cwd: str) -> None:
         pass  # the study file names no importable trial: validation in the parent says so
 
 
-def _worker(study_file: str, quiet: bool, verbose: bool, cpus: list[int] | None = None) -> None:
+def _worker(source: Source, quiet: bool, verbose: bool, cpus: list[int] | None = None) -> None:
     # Each worker is a full scheduler: claims in the database keep every trial to one worker.
     from sweep import config as config_lib
     from sweep import logs, scheduler
-    from sweep.runner import StopSignal
+    from sweep.session import Session
+    from sweep.signals import StopSignal
 
     if cpus:
         _pin(cpus)
@@ -109,32 +105,35 @@ def _worker(study_file: str, quiet: bool, verbose: bool, cpus: list[int] | None 
         _WATCHING.append(os.getppid())
         threading.Thread(target=_watch_parent, name="sweep-parent-watch", daemon=True).start()
     logs.setup(quiet, verbose)
-    config = config_lib.load(study_file)
+    config = config_lib.from_source(source)
     stop = StopSignal(config.study.checkpoint.grace_seconds)
     stop.install()
     _BUSY.set()
+    session = Session(config)
     try:
-        scheduler.run(config, stop)
+        scheduler.run(session, stop)
     except Interrupted as exc:
         if os.getppid() != _WATCHING[0]:  # orphaned: checkpointed; nobody to report to
             os._exit(exc.exit_code)
         raise
     finally:
         _BUSY.clear()
+        session.close()
 
 
-def _dask_worker(study_file: str, cwd: str, quiet: bool, verbose: bool, stop_event: str) -> None:
+def _dask_worker(source: Source, quiet: bool, verbose: bool, stop_event: str) -> None:
     """A worker in a Dask worker's thread: no signals there (not the main thread), so the parent's
     SIGTERM/SIGINT reaches it through a distributed.Event; paths resolve as in the parent."""
     import distributed
 
     from sweep import config as config_lib
     from sweep import logs, scheduler
-    from sweep.runner import StopSignal
+    from sweep.session import Session
+    from sweep.signals import StopSignal
 
-    os.chdir(cwd)  # relative workdir/storage/trial module paths mean what they meant to the parent
     logs.setup(quiet, verbose)
-    config = config_lib.load(study_file)
+    # chdir'ed: relative workdir/storage/trial module paths mean what they meant to the parent
+    config = config_lib.from_source(source)
     stop = StopSignal(config.study.checkpoint.grace_seconds)
     event = distributed.Event(stop_event)
     done = threading.Event()
@@ -149,12 +148,14 @@ def _dask_worker(study_file: str, cwd: str, quiet: bool, verbose: bool, stop_eve
                 time.sleep(1.0)
 
     threading.Thread(target=watch, name="sweep-dask-stop", daemon=True).start()
+    session = Session(config)
     try:
-        scheduler.run(config, stop)
+        scheduler.run(session, stop)
     except Interrupted:
         pass  # checkpointed; the parent, which forwarded the signal, exits with its code
     finally:
         done.set()
+        session.close()
 
 
 def dask_client(config: Config) -> Any:
@@ -190,44 +191,40 @@ def _run_dask(config: Config, n_jobs: int, stop: StopSignal, quiet: bool, verbos
     try:
         with joblib.parallel_config(backend="dask"):
             joblib.Parallel(n_jobs=n_jobs)(
-                joblib.delayed(_dask_worker)(str(os.path.abspath(config.path)), os.getcwd(), quiet, verbose, name)
-                for _ in range(n_jobs))
-    except Interrupted:
-        raise
-    except Exception:
-        stop.check()  # a worker stopped by our signal raised Interrupted there: report the signal
-        raise
+                joblib.delayed(_dask_worker)(config.source, quiet, verbose, name) for _ in range(n_jobs))
     finally:
         finished.set()
-    stop.check()
+    stop.check()  # a worker stopped by our signal returned early: report the signal
 
 
-def run_workers(config: Config, n_jobs: int, stop: StopSignal, quiet: bool = False,
-                verbose: bool = False, client: Any = None) -> optuna.Study:
-    """Run until the study is done; returns the study (opened in this process).
+def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = False,
+                verbose: bool = False, client: Any = None) -> None:
+    """Run until the study is done; the session is open afterwards.
 
     `client`: a `dask_client(config)`, where parallel.backend is dask.
     """
     from sweep import scheduler
 
+    config = session.config
     if config.study.parallel.backend == "dask":
         _run_dask(config, n_jobs, stop, quiet, verbose, client or dask_client(config))
-        return scheduler.open_study(config)[0]
+        session.open(create=True)
+        return
     if n_jobs == 1:
-        return scheduler.run(config, stop)
+        scheduler.run(session, stop)
+        return
     # This process is worker 0 (its imports are done, a fresh process would spend seconds on them);
     # joblib's loky backend runs workers 1..n_jobs-1. Each runs on its share of the cores.
     shares = core_shares(n_jobs)
     helpers = _LokyWorkers(config, shares[1:], quiet, verbose)
     _pin(shares[0])
     try:
-        study = scheduler.run(config, stop)
+        scheduler.run(session, stop)
     except BaseException:
         helpers.stop()  # a signal or an error here: the helpers checkpoint and stop too
         helpers.join()
         raise
     helpers.join()
-    return study
 
 
 MAX_WORKER_RESTARTS = 10  # a worker that keeps dying (a trial that always exhausts memory) is an error
@@ -253,7 +250,7 @@ class _LokyWorkers:
         try:
             while todo:
                 executor = self._executor = get_reusable_executor(max_workers=len(shares))
-                jobs = [(cpus, executor.submit(_worker, str(config.path), quiet, verbose, cpus)) for cpus in todo]
+                jobs = [(cpus, executor.submit(_worker, config.source, quiet, verbose, cpus)) for cpus in todo]
                 todo = []
                 for cpus, job in jobs:
                     try:

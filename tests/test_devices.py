@@ -44,13 +44,13 @@ def test_window_all_reduces_gradients_over_four_devices():
     # gradients, and replicated outputs (checked on XLA's compiled program).
     code = textwrap.dedent("""
         import jax, numpy as np
-        from sweep import runner
+        from sweep import compiled
         from trials import digits_mlp as m
         hp = dict(m.HYPERPARAMETERS, batch_size=32)
-        data = jax.device_put(m.data(hp), runner.replicated(4))
-        params = jax.device_put(m.init(hp, jax.random.PRNGKey(0), data), runner.replicated(4))
-        opt = jax.device_put(m.optimizer(hp).init(params), runner.replicated(4))
-        fn = runner.compiled(m, hp, ("learning_rate",), devices=4).window
+        data = jax.device_put(m.data(hp), compiled.replicated(4))
+        params = jax.device_put(m.init(hp, jax.random.PRNGKey(0), data), compiled.replicated(4))
+        opt = jax.device_put(m.optimizer(hp).init(params), compiled.replicated(4))
+        fn = compiled.FUNCTIONS.get(m, hp, ("learning_rate",), devices=4).window
         args = (params, opt, jax.random.PRNGKey(1), data, np.int32(0), np.int32(5), {"learning_rate": 1e-3})
         text = fn.lower(*args).compile().as_text()
         out = fn(*args)

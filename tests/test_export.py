@@ -14,7 +14,7 @@ from conftest import Running, kill9, kill_mid_trial, run_cli, study_of
 from sweep import config as config_lib
 from sweep.best import _jitted
 from sweep.checkpoints import TrialCheckpoints
-from sweep.runner import initial_state
+from sweep.state import initial_state
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from sweep import config as config_lib
 from sweep import progress
+from sweep.session import Session
 
 LONG = {"n_trials": 1, "train": {"steps": 100000, "eval_every": 500}, "checkpoint": {"every_steps": 1000}}
 
@@ -30,7 +31,7 @@ def test_monitor_sees_live_trials_only(write_study):
     study = write_study(**LONG)
     proc = Running("run", study, cwd=study.parent)
     wait_for_checkpoint(checkpoint_dir(study, 0), 2000)
-    monitor = progress.Monitor(config_lib.load(study))
+    monitor = progress.Monitor(Session(config_lib.load(study)))
     _, first = monitor.poll()
     time.sleep(1.5)
     study_line, lines = monitor.poll()
@@ -47,7 +48,7 @@ def test_live_table_redraws_running_trials(write_study):
     wait_for_checkpoint(checkpoint_dir(study, 0), 1000)
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=140)
-    with progress.Display(config_lib.load(study), live=True, console=console):
+    with progress.Display(Session(config_lib.load(study)), live=True, console=console):
         time.sleep(2.5)
     kill9(proc)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())

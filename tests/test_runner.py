@@ -194,15 +194,19 @@ class _Recorder:
         return False
 
 
-def _train(config, number, params, directory, reported=None):
+def _train(config, number, params, directory, reported=None, steps=None, budget=None):
+    """Run one trial in-process; `steps` (a dict) receives the runner's current step per trial."""
     from sweep import runner
+    from sweep.signals import StopSignal
+    from sweep.state import initial_state, trial_checkpoints
 
     hp = config.hyperparameters(params)
-    recorder, ckpt = _Recorder(), runner.open_checkpoints(config, number, directory)
+    recorder, ckpt = _Recorder(), trial_checkpoints(config, number, directory, budget)
+    on_step = None if steps is None else (lambda n, s: steps.__setitem__(n, s) if s >= 0 else None)
     try:
-        outcome = runner.run_trial(config, number, hp, recorder, reported or {}, ckpt, runner.StopSignal())
+        outcome = runner.run_trial(config, number, hp, recorder, reported or {}, ckpt, StopSignal(), on_step=on_step)
         ckpt.wait()
-        state = ckpt.restore(outcome.last_step, runner.initial_state(config, number, hp)[0])
+        state = ckpt.restore(outcome.last_step, initial_state(config, number, hp)[0])
     finally:
         ckpt.close()
     return recorder.reports, state
@@ -212,13 +216,13 @@ def test_any_split_into_windows_gives_the_same_bits(write_study, tmp_path, monke
     import jax
     import numpy as np
 
+    from sweep import compiled
     from sweep import config as config_lib
-    from sweep import runner
 
     config = config_lib.load(write_study(train={"steps": 300, "eval_every": 50}))
     results = []
     for seconds in (0.0, 1e9):  # one step per window (a dispatch per step) vs whole evaluation intervals
-        monkeypatch.setattr(runner, "WINDOW_SECONDS", seconds)
+        monkeypatch.setattr(compiled, "WINDOW_SECONDS", seconds)
         results.append(_train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path / str(seconds)))
     (reports_a, state_a), (reports_b, state_b) = results
     assert len(reports_a) == 6 and reports_a == reports_b
@@ -227,16 +231,17 @@ def test_any_split_into_windows_gives_the_same_bits(write_study, tmp_path, monke
 
 
 def test_trials_of_equal_shapes_share_compiled_code(write_study, tmp_path):
+    from sweep import compiled
     from sweep import config as config_lib
-    from sweep import runner
 
+    compiled.count_compilations()
     config = config_lib.load(write_study(train={"steps": 100, "eval_every": 50}))
     _train(config, 0, {"learning_rate": 0.01, "hidden": 48}, tmp_path / "a")  # compiles
-    before = runner.COMPILES.copy()
+    before = compiled.COMPILES.copy()
     reports, _ = _train(config, 1, {"learning_rate": 0.002, "hidden": 48}, tmp_path / "b")
-    assert runner.compilations(runner.COMPILES - before) == 0 and len(reports) == 2
+    assert compiled.compilations(compiled.COMPILES - before) == 0 and len(reports) == 2
     _train(config, 2, {"learning_rate": 0.002, "hidden": 64}, tmp_path / "c")  # a new shape does compile
-    assert runner.compilations(runner.COMPILES - before) > 0
+    assert compiled.compilations(compiled.COMPILES - before) > 0
 
 
 BRANCHY_TRIAL = textwrap.dedent('''
@@ -286,23 +291,24 @@ def test_a_resumed_trial_compiles_nothing(write_study):
 def test_training_continues_while_a_save_is_written(write_study, tmp_path, monkeypatch):
     # Event order, not time: each write waits until the training loop has moved past the step it
     # writes. A save that blocked the loop would never see that (the write gives up after 30 s).
-    from sweep import checkpoints, runner
+    from sweep import checkpoints
     from sweep import config as config_lib
 
     config = config_lib.load(write_study(train={"steps": 300, "eval_every": 50}, checkpoint={"every_steps": 100}))
     seen: list[tuple[int, int]] = []
+    steps: dict[int, int] = {}
     write = checkpoints.TrialCheckpoints._write
 
     def gated(self, items):
         step = items[-1][0]
         deadline = time.monotonic() + 30
-        while step < 300 and runner.CURRENT_STEPS.get(0, 0) <= step and time.monotonic() < deadline:
+        while step < 300 and steps.get(0, 0) <= step and time.monotonic() < deadline:
             time.sleep(0.001)
-        seen.append((step, runner.CURRENT_STEPS.get(0, 0)))
+        seen.append((step, steps.get(0, 0)))
         write(self, items)
 
     monkeypatch.setattr(checkpoints.TrialCheckpoints, "_write", gated)
-    reports, _ = _train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path)
+    reports, _ = _train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path, steps=steps)
     assert [step for step, _ in seen] == [100, 200, 300] and len(reports) == 6
     assert all(trained > step for step, trained in seen[:2]), seen
 
@@ -311,10 +317,11 @@ def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp
     # Each write holds the writer until training has passed the *next* cadence step. Exact cadence
     # (the default) must wait for it there; with max_write_share the loop trains on, and the save
     # owed lands later, off the cadence.
-    from sweep import checkpoints, runner
+    from sweep import checkpoints
     from sweep import config as config_lib
 
     seen: dict[str, list[tuple[int, int]]] = {}
+    steps: dict[int, int] = {}
     write = checkpoints.TrialCheckpoints._write
     for share in (None, 0.5):
         config = config_lib.load(write_study(train={"steps": 600, "eval_every": 50},
@@ -324,14 +331,15 @@ def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp
         def gated(self, items, log=log):
             step = items[-1][0]
             deadline = time.monotonic() + 3
-            while step < 600 and runner.CURRENT_STEPS.get(0, 0) <= step + 100 and time.monotonic() < deadline:
+            while step < 600 and steps.get(0, 0) <= step + 100 and time.monotonic() < deadline:
                 time.sleep(0.001)
-            log.append((step, runner.CURRENT_STEPS.get(0, 0)))
+            log.append((step, steps.get(0, 0)))
             write(self, items)
 
         monkeypatch.setattr(checkpoints.TrialCheckpoints, "_write", gated)
-        monkeypatch.setattr(checkpoints.TrialCheckpoints, "_last_write", (0.0, 0.0))
-        _train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path / str(share))
+        steps.clear()
+        _train(config, 0, {"learning_rate": 0.01, "hidden": 32}, tmp_path / str(share), steps=steps,
+               budget=checkpoints.WriteBudget())
     exact, owed = seen["None"], seen["0.5"]
     assert [s for s, _ in exact] == [100, 200, 300, 400, 500, 600]  # every cadence step, waited for
     assert all(trained <= step + 100 for step, trained in exact[:-1])  # the loop stopped at the next one

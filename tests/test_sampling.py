@@ -7,7 +7,13 @@ import pytest
 
 from conftest import BASE_STUDY, merge
 from sweep import config as config_lib
-from sweep.study import _random_states, build_sampler, suggest_all
+from sweep.samplers import build_sampler as build_inner, suggest_all
+from sweep.session import RestartProofSampler, random_states
+
+
+def build_sampler(config):
+    """The sampler a session gives its study: the configured one, made restart-proof."""
+    return RestartProofSampler(build_inner(config), config.study.sampler.seed)
 
 
 def _config(tmp_path, sampler):
@@ -28,7 +34,7 @@ def _sweep(config, sampler, disturb: bool) -> list[dict]:
     out = []
     for i in range(6):
         if disturb:
-            for state in _random_states(getattr(sampler, "inner", sampler)):
+            for state in random_states(getattr(sampler, "inner", sampler)):
                 state.random_sample(7 + i)
         trial = study.ask()
         params = suggest_all(config, trial)
@@ -62,5 +68,5 @@ def test_adopted_trial_reads_back_its_params_and_samples_missing_ones_identicall
     other = optuna.create_study(sampler=build_sampler(config))
     partial = other.ask()
     partial.suggest_float("learning_rate", 1e-3, 1e-1, log=True)
-    adopted = optuna.Trial(other, partial._trial_id)
+    adopted = optuna.Trial(other, partial._trial_id)  # what Session.handle does
     assert suggest_all(config, adopted) == full

@@ -1,0 +1,129 @@
+"""The Python API: `sweep.open(study)` and the verbs of the CLI as methods of the study session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from sweep import config as config_lib
+from sweep.errors import UsageError
+from sweep.session import Session
+
+if TYPE_CHECKING:
+    from sweep.best import LoadedTrial
+    from sweep.drill import DrillReport
+
+
+class StudySession(Session):
+    """A study opened from Python: what `python -m sweep COMMAND` does, as methods.
+
+    Nothing is created until `run()`; readers (`status`, `export`, ...) need the study to exist.
+    Use it as a context manager, or call `close()`, to release the storage connection.
+    """
+
+    def __enter__(self) -> StudySession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, n_jobs: int | None = None, *, quiet: bool = False, verbose: bool = False,
+            progress: bool = True, log_every: float = 30.0) -> dict[str, Any]:
+        """Start the study, or resume it after any interruption, until `n_trials` are finished.
+
+        Args:
+            n_jobs: trials at once (default: the study's `parallel.n_jobs`).
+            quiet / verbose: sweep's log level (warnings only / library logs too).
+            progress: show progress on stderr: a live table on a terminal, else a log line per
+                running trial every `log_every` seconds.
+
+        Returns:
+            `status()` of the study afterwards.
+
+        Raises:
+            ConfigError: a sampler/pruner argument or the device count is wrong (nothing created).
+            Interrupted: SIGTERM/SIGINT (in the main thread): running trials were checkpointed.
+        """
+        from sweep import logs, progress as progress_lib
+        from sweep.samplers import check_config
+        from sweep.signals import StopSignal
+        from sweep.workers import dask_client, run_workers
+
+        config = self.config
+        n_jobs = n_jobs if n_jobs is not None else config.study.parallel.n_jobs
+        if n_jobs < 1:
+            raise UsageError(f"n_jobs: must be >= 1, got {n_jobs}")
+        if not log_every > 0:
+            raise UsageError(f"log_every: must be > 0, got {log_every}")
+        check_config(config)
+        logs.setup(quiet, verbose)
+        stop = StopSignal(config.study.checkpoint.grace_seconds)
+        if threading.current_thread() is threading.main_thread():
+            stop.install()  # elsewhere a Python signal handler cannot be set; the caller stops it
+        try:
+            # A Dask cluster is reached before anything is written (an unreachable one is an error).
+            client = dask_client(config) if config.study.parallel.backend == "dask" else None
+            view: Any = contextlib.nullcontext() if quiet or not progress else progress_lib.Display(
+                self, live=sys.stderr.isatty(), every_s=log_every)
+            with view, client or contextlib.nullcontext():
+                run_workers(self, n_jobs, stop, quiet=quiet, verbose=verbose, client=client)
+        finally:
+            stop.restore()
+        return self.status()
+
+    def summary(self) -> str:
+        """The end-of-run summary `run` prints (scores the best checkpoint on the test split once)."""
+        from sweep import summary
+
+        return summary.text(self.open(create=False))
+
+    def status(self) -> dict[str, Any]:
+        """The `status --json` object of the contract. Reads only."""
+        from sweep import status
+
+        return status.collect(self)
+
+    def export(self, out: str | os.PathLike[str], trial: int | None = None,
+               include_pruned: bool = False) -> dict[str, Any]:
+        """Write every COMPLETE trial's best checkpoint (or only `trial`'s) to `out`; returns index.json."""
+        from sweep.export import export
+
+        return export(self, Path(out), trial=trial, include_pruned=include_pruned)
+
+    def plot(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write the study's figures and every trial's learning curve; returns the files written."""
+        from sweep.plot import plot
+
+        return plot(self, Path(out))
+
+    def load_best(self, trial: int | None = None) -> LoadedTrial:
+        """The full training state of a trial's best checkpoint (default: the study's best trial)."""
+        from sweep.best import load_trial
+
+        return load_trial(self, trial)
+
+    def drill(self, seed: int | None = None, keep: bool = False) -> DrillReport:
+        """The recovery drill on real processes (see `python -m sweep drill --help`)."""
+        from sweep.drill import drill
+
+        return drill(self.config, seed=seed, keep=keep)
+
+
+def open(study: str | os.PathLike[str] | Mapping[str, Any]) -> StudySession:  # noqa: A001 (like io.open)
+    """Validate a study (a study file's path, or its keys as a mapping) and return its session.
+
+    Relative paths in the study (workdir, storage, a trial module) resolve against the current
+    directory, as on the command line. Nothing is created until `run()`.
+
+    Raises:
+        ConfigError: the study breaks a rule of the study file (the message names key and value).
+    """
+    if isinstance(study, Mapping):
+        config = config_lib.from_dict(dict(study))
+    else:
+        config = config_lib.load(study)
+    return StudySession(config)

@@ -1,0 +1,248 @@
+"""A trial's compiled training window and evaluation; the caches of compiled code and their counters.
+
+Two caches live here, both documented and clearable: the in-process cache of jitted functions
+(`FUNCTIONS`, bounded, shared by trials of equal static hyperparameters) and JAX's persistent
+compilation cache on disk (one folder per study, set by `use_compilation_cache`). XLA's compile
+events are process-wide, so their counter (`COMPILES`) is too.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+log = logging.getLogger("sweep")
+WINDOW_SECONDS = 0.2  # a training window's target length: bounds the reaction to SIGTERM and every_seconds
+# Trace errors of a trial that branches in Python on a float hyperparameter: it then gets that
+# hyperparameter as a constant (a compile per value), which is slower but correct.
+_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                 jax.errors.TracerArrayConversionError)
+
+
+@functools.cache
+def mesh(devices: int) -> Any:
+    """A 1-D mesh ("data") over the first `devices` devices JAX sees."""
+    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+
+
+def replicated(devices: int) -> Any:
+    return jax.sharding.NamedSharding(mesh(devices), jax.sharding.PartitionSpec())
+
+
+def _split_batch(batch: Any, devices: int) -> Any:
+    """Shard every array of a batch along its leading axis over the mesh (data parallelism).
+
+    XLA then computes each device's part of the loss and gradient and all-reduces the gradient;
+    params and optimizer state stay replicated (the window's outputs are pinned to that).
+    """
+    sharding = jax.sharding.NamedSharding(mesh(devices), jax.sharding.PartitionSpec("data"))
+
+    def split(x: Any) -> Any:
+        if jnp.ndim(x) == 0 or jnp.shape(x)[0] % devices:
+            raise ValueError(f"train.devices: {devices} devices must divide the leading axis of every batch "
+                             f"array, got shape {tuple(jnp.shape(x))}")
+        return jax.lax.with_sharding_constraint(x, sharding)
+
+    return jax.tree.map(split, batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A trial's jitted training window and evaluation, shared by all trials of equal static hyperparameters.
+
+    Float hyperparameters sampled from the search space are traced arguments, not constants, so a
+    new learning rate does not compile anew (and JAX's persistent cache serves the next process).
+    """
+
+    window: Callable  # (params, opt_state, key, data, start, n, traced_hp) -> (params, opt_state, loss)
+    evaluate: Callable  # (params, data, traced_hp) -> metrics
+
+
+def _build(module: Any, static: Mapping[str, Any], devices: int) -> Compiled:
+    def window(params, opt_state, rng, data, start, n, traced_hp):
+        # One compiled loop over steps [start, start + n): no Python dispatch per step. The body is
+        # a function of (state, step) only, so any split of the steps into windows gives the same
+        # bits (checked by the tests); windows therefore need no alignment beyond step numbers.
+        full = {**static, **traced_hp}
+        tx = module.optimizer(full)
+
+        def body(step, carry):
+            params, opt_state, _ = carry
+            batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
+            batch = module.batch(full, data, batch_key)
+            if devices > 1:
+                batch = _split_batch(batch, devices)
+            loss, grads = jax.value_and_grad(lambda p: module.loss(full, p, batch, loss_key))(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, jnp.asarray(loss, jnp.float32)
+
+        return jax.lax.fori_loop(start, start + n, body, (params, opt_state, jnp.zeros((), jnp.float32)))
+
+    def evaluate(params, data, traced_hp):
+        return module.evaluate({**static, **traced_hp}, params, data)
+
+    pinned = {"out_shardings": replicated(devices)} if devices > 1 else {}
+    return Compiled(jax.jit(window, donate_argnums=(0, 1), **pinned), jax.jit(evaluate))
+
+
+class FunctionCache:
+    """Jitted functions by (trial module, static hyperparameters, traced names, devices), bounded.
+
+    A study of many shapes must not keep every executable alive, hence the bound. Also remembers
+    which (module, function, traced names) cannot be traced. Thread-safe: a threaded Dask worker
+    runs several trials in one process.
+    """
+
+    def __init__(self, max_entries: int = 8) -> None:
+        self.max_entries = max_entries
+        self._functions: collections.OrderedDict[tuple[Any, ...], Compiled] = collections.OrderedDict()
+        self._untraceable: set[tuple[Any, ...]] = set()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _module_key(module: Any) -> tuple[str, int]:
+        return module.__name__, id(module)  # a reloaded module with the same name is another module
+
+    def get(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1) -> Compiled:
+        """The compiled functions for `hp`, with the names in `traced` passed as arguments.
+
+        `devices` > 1: data parallel over `mesh(devices)` (batch split, params replicated).
+        """
+        static = {k: v for k, v in hp.items() if k not in traced}
+        key = (*self._module_key(module), repr(sorted(static.items())), traced, devices)
+        with self._lock:
+            if key in self._functions:
+                self._functions.move_to_end(key)
+                return self._functions[key]
+            out = self._functions[key] = _build(module, static, devices)
+            if len(self._functions) > self.max_entries:
+                self._functions.popitem(last=False)
+            return out
+
+    def untraceable(self, module: Any, kind: str, traced: tuple[str, ...]) -> bool:
+        with self._lock:
+            return (*self._module_key(module), kind, traced) in self._untraceable
+
+    def mark_untraceable(self, module: Any, kind: str, traced: tuple[str, ...]) -> None:
+        with self._lock:
+            self._untraceable.add((*self._module_key(module), kind, traced))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._functions.clear()
+            self._untraceable.clear()
+
+
+FUNCTIONS = FunctionCache()
+
+
+def clear_caches() -> None:
+    """Forget every jitted function of this process (JAX's own caches are `jax.clear_caches()`)."""
+    FUNCTIONS.clear()
+
+
+def traced_names(search_space: Mapping[str, Any], hp: Mapping[str, Any]) -> tuple[str, ...]:
+    """Sampled float hyperparameters: the ones that differ between trials of equal shapes."""
+    return tuple(sorted(k for k in search_space if isinstance(hp.get(k), float)))
+
+
+class Functions:
+    """The trial's window and evaluation, traced float hyperparameters where the trial allows it."""
+
+    def __init__(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1,
+                 cache: FunctionCache = FUNCTIONS) -> None:
+        self.module, self.hp, self.traced, self.devices, self.cache = module, hp, traced, devices, cache
+        self.cap = 1  # steps in the next window at most; the first one includes the compilation
+        self._timed = False
+
+    def _call(self, kind: str, *args: Any) -> Any:
+        traced = self.traced
+        if self.cache.untraceable(self.module, kind, traced):
+            traced = ()
+        fn = getattr(self.cache.get(self.module, self.hp, traced, self.devices), kind)
+        try:
+            return fn(*args, {k: self.hp[k] for k in traced})
+        except _TRACE_ERRORS as exc:
+            if not traced:
+                raise
+            log.debug("%s: %s of a float hyperparameter needs its value; compiling it as a constant (%s)",
+                      self.module.__name__, kind, type(exc).__name__)
+            self.cache.mark_untraceable(self.module, kind, traced)
+            return self._call(kind, *args)
+
+    def evaluate(self, params: Any, data: Any) -> Any:
+        return self._call("evaluate", params, data)
+
+    def window(self, params: Any, opt_state: Any, key: Any, data: Any, start: int, n: int) -> Any:
+        t0 = time.perf_counter()
+        out = self._call("window", params, opt_state, key, data, np.int32(start), np.int32(n))
+        out[2].block_until_ready()
+        # Windows grow to WINDOW_SECONDS of steps, timed after the first (which compiled).
+        if self._timed:
+            per_step = (time.perf_counter() - t0) / n
+            self.cap = max(1, min(self.cap * 8, int(WINDOW_SECONDS / max(per_step, 1e-9))))
+        self._timed = True
+        return out
+
+
+# Executables this process needed ("requests"), and of those the ones the persistent cache served
+# ("cache_hits"); XLA compiled the rest. Counted from JAX's monitoring events, which are
+# process-wide; callers take differences of `COMPILES.copy()` snapshots around a trial.
+COMPILES: collections.Counter[str] = collections.Counter()
+_LISTENING = threading.Event()
+_LISTEN_LOCK = threading.Lock()
+
+
+def count_compilations() -> None:
+    """Start counting XLA compilations into `COMPILES` (JAX's listeners are registered once)."""
+    with _LISTEN_LOCK:
+        if _LISTENING.is_set():
+            return
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        jax.monitoring.register_event_listener(_on_event)
+        _LISTENING.set()
+
+
+def compilations(counts: collections.Counter[str] | None = None) -> int:
+    """XLA compilations in `counts` (default: this process so far)."""
+    counts = COMPILES if counts is None else counts
+    return counts["requests"] - counts["cache_hits"]
+
+
+def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":  # also timed around a cache hit
+        COMPILES["requests"] += 1
+
+
+def _on_event(event: str, **kwargs: str | int) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        COMPILES["cache_hits"] += 1
+
+
+def use_compilation_cache(directory: Path) -> None:
+    """JAX's persistent compilation cache in `directory`: a resumed trial, a new process or another
+    worker finds the executables already compiled for these shapes (every compile is cached: ours
+    take ~0.5 s, under JAX's default 1 s threshold). A second study in the same process switches
+    the cache to its own folder."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    count_compilations()
+    if jax.config.jax_compilation_cache_dir != str(directory):
+        cc.reset_cache()  # JAX opens the cache folder once; a new folder needs a reset
+        cc.set_cache_dir(str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # JAX otherwise puts XLA's GPU autotune-cache folder (under the cache dir) into the compile
+    # options, so every key depends on the workdir's path: a copied or shared cache never hit.
+    jax.config.update("jax_persistent_cache_enable_xla_caches", "none")

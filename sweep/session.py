@@ -1,0 +1,341 @@
+"""The study session: the one object that holds a study's Optuna side, and the Optuna boundary.
+
+A `Session` is built from a validated config. It alone opens the RDB storage, holds the Optuna
+study and its id, the claims, the checkpoint factory with the write budget, the progress sink
+and the compilation-cache folder; the scheduler, status, progress, export, plot, drill and best
+take the session. This is also the only module that touches Optuna internals (the way
+checkpoints.py is the only one that imports orbax); each touch says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.checkpoints import TrialCheckpoints, WriteBudget
+from sweep.claims import Claims
+from sweep.config import Config
+from sweep.errors import SweepError
+from sweep.samplers import build_pruner, build_sampler
+
+SQLITE_TIMEOUT_S = 60
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # never run again
+
+
+class Session:
+    """One study, opened: its config, storage, Optuna study, claims, checkpoints and progress.
+
+    Build with `Session(config)`, then `open(create)`; `sweep.open(...)` is the public way in.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.write_budget = WriteBudget()  # shared by this process's trials of the study
+        # trial number -> current step of the trials training in this process (the progress
+        # view's per-step resolution; reports come only every eval_every steps).
+        self.steps: dict[int, int] = {}
+        self._steps_lock = threading.Lock()
+        self._storage: optuna.storages.RDBStorage | None = None
+        self._study: optuna.Study | None = None
+        self._study_id: int | None = None
+        self._claims: Claims | None = None
+
+    # --- opening -------------------------------------------------------------------------------
+
+    def open(self, create: bool) -> Session:
+        """Open (or, if `create`, create) the study. Idempotent.
+
+        Raises:
+            SweepError: the storage cannot be opened, or (not `create`) the study does not exist.
+        """
+        if self._study is not None:
+            return self
+        config = self.config
+        storage = open_storage(config, create)
+        if create:
+            with workdir_lock(config):
+                Claims.create_table(storage.engine)
+        try:
+            study = _load_study(config, storage, create)
+        except BaseException:
+            storage.engine.dispose()
+            raise
+        self._storage, self._study = storage, study
+        self._study_id = storage.get_study_id_from_name(config.name)
+        self._claims = Claims(storage.engine, self._study_id, config.study.parallel.lease_grace_seconds)
+        return self
+
+    def close(self) -> None:
+        if self._storage is not None:
+            self._storage.engine.dispose()
+        self._storage = self._study = self._claims = None
+        self._study_id = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._study is not None
+
+    @property
+    def storage(self) -> optuna.storages.RDBStorage:
+        """The raw RDB storage. optuna.Study wraps it in a cache that, on its first read, loads every
+        trial (~1.9 s for 2,000 trials here) whatever states were asked for; this one filters in SQL."""
+        assert self._storage is not None, "open() the session first"
+        return self._storage
+
+    @property
+    def study(self) -> optuna.Study:
+        assert self._study is not None, "open() the session first"
+        return self._study
+
+    @property
+    def study_id(self) -> int:
+        assert self._study_id is not None, "open() the session first"
+        return self._study_id
+
+    @property
+    def claims(self) -> Claims:
+        assert self._claims is not None, "open() the session first"
+        return self._claims
+
+    # --- trials --------------------------------------------------------------------------------
+
+    def trials(self, states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
+        """Frozen trials (shared, do not modify), by number."""
+        found = self.storage.get_all_trials(self.study_id, deepcopy=False,
+                                            states=tuple(states) if states is not None else None)
+        return sorted(found, key=lambda t: t.number)
+
+    def running(self) -> list[FrozenTrial]:
+        return self.trials((TrialState.RUNNING,))
+
+    def trial(self, number: int) -> FrozenTrial:
+        """Trial `number`, read fresh from the storage."""
+        return self.storage.get_trial(self._trial_id(number))
+
+    def _trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def trial_states(self) -> dict[int, TrialState]:
+        """number -> state of every trial, in one narrow query (no params, attributes or reports)."""
+        import sqlalchemy as sa
+        # Optuna's versioned RDB schema: get_all_trials would load every param, attribute and
+        # report of every trial just to count states (seconds for a big study).
+        from optuna.storages._rdb.models import TrialModel
+
+        t = TrialModel.__table__
+        with self.storage.engine.connect() as conn:
+            rows = conn.execute(sa.select(t.c.number, t.c.state).where(t.c.study_id == self.study_id)).all()
+        return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
+
+    def best_trial(self) -> FrozenTrial | None:
+        """The best COMPLETE trial, read alone; None if there is none."""
+        try:
+            return self.storage.get_best_trial(self.study_id)
+        except ValueError:
+            return None
+
+    def live_numbers(self, trials: Sequence[FrozenTrial]) -> set[int]:
+        """Numbers of the RUNNING trials among `trials` whose worker is alive (claims)."""
+        running = [t.number for t in trials if t.state == TrialState.RUNNING]
+        if not running or not _has_claims(self.storage.engine):  # a study not run by sweep
+            return set()
+        return self.claims.live_numbers(running)
+
+    def ask(self) -> optuna.Trial:
+        return self.study.ask()
+
+    def handle(self, number: int) -> optuna.Trial:
+        """An `optuna.Trial` for an existing RUNNING trial (to adopt it: report, suggest, tell).
+        Optuna has no API to re-attach to a trial another process asked for; its constructor,
+        documented as not for direct use, is what `study.ask` itself calls."""
+        return optuna.Trial(self.study, self._trial_id(number))
+
+    # --- checkpoints, progress, compiled code ---------------------------------------------------
+
+    def checkpoints(self, number: int, directory: Path, read_only: bool = False) -> TrialCheckpoints:
+        """Trial `number`'s checkpoint folder, sharing this session's write budget."""
+        from sweep.state import trial_checkpoints
+
+        return trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only)
+
+    def on_step(self, number: int, step: int) -> None:
+        """The runner's progress callback: `step` -1 means the trial stopped running here."""
+        with self._steps_lock:
+            if step < 0:
+                self.steps.pop(number, None)
+            else:
+                self.steps[number] = step
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.config.cache_dir
+
+    def use_compilation_cache(self) -> None:
+        from sweep.compiled import use_compilation_cache
+
+        use_compilation_cache(self.cache_dir)
+
+
+def _has_claims(engine: Any) -> bool:
+    import sqlalchemy as sa
+
+    return sa.inspect(engine).has_table("sweep_claims")
+
+
+# --- storage -------------------------------------------------------------------------------------
+
+
+def storage_kwargs(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        # Several processes and a reader (status, optuna-dashboard) share the file: wait for locks.
+        return {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
+    return {"pool_pre_ping": True}
+
+
+@contextlib.contextmanager
+def workdir_lock(config: Config) -> Iterator[None]:
+    """Serialise opening the study's storage. Optuna 5 races on its schema creation, and even a
+    reader's RDBStorage(skip_table_creation=True) stamps Optuna's alembic_version table when it
+    finds none, racing with the creator's own stamp; so creators and readers take it."""
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    with open(config.lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
+    """Open the study's RDB storage, creating it (once, serialised) if `create`.
+
+    SQLite gets WAL once at creation, so readers (status, optuna-dashboard) never block writers.
+    A failed open leaves no workdir behind that it created.
+    """
+    url = config.storage
+    sqlite_path = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+    if sqlite_path is not None and not sqlite_path.exists() and not create:
+        raise SweepError(f"study {config.name!r} not found: no database at {sqlite_path}; run it first")
+    had_workdir = config.workdir.exists()
+    # Readers lock only a workdir that exists: they must create nothing.
+    lock = workdir_lock(config) if create or had_workdir else contextlib.nullcontext()
+    try:
+        with lock:
+            if sqlite_path is not None:
+                sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=storage_kwargs(url))
+            except Exception as exc:  # bad host, bad password, missing driver ...
+                raise SweepError(f"cannot open storage {url}: {exc}") from None
+            if sqlite_path is not None and create:
+                with storage.engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            return storage
+    except SweepError:
+        if create and not had_workdir:
+            shutil.rmtree(config.workdir, ignore_errors=True)
+        raise
+
+
+def _load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool) -> optuna.Study:
+    direction = config.study.objective.direction
+    sampler = RestartProofSampler(build_sampler(config), config.study.sampler.seed)
+    try:
+        study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler,
+                                  pruner=build_pruner(config))
+    except KeyError:
+        if not create:
+            raise SweepError(f"study {config.name!r} does not exist in {config.storage}; run it first") from None
+        with workdir_lock(config):
+            study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
+                                        pruner=build_pruner(config), direction=direction, load_if_exists=True)
+    if study.direction.name.lower() != direction:
+        raise SweepError(f"study {config.name!r} in {config.storage} was created with direction "
+                         f"{study.direction.name.lower()}, but {config.path} says {direction}")
+    return study
+
+
+# --- restart-proof sampling ----------------------------------------------------------------------
+
+
+def _derived_seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+
+
+class RestartProofSampler(BaseSampler):
+    """Delegates to an Optuna sampler, reseeding it from (seed, trial number, param) before each draw.
+
+    Optuna samplers keep one RNG per process, so a trial's params would depend on how many draws this
+    process made before (restarts, adoption of a trial killed between two suggests). Optuna has no
+    per-trial seeding API, so we reseed every RandomState the sampler holds.
+    """
+
+    def __init__(self, inner: BaseSampler, seed: int) -> None:
+        self.inner, self.seed = inner, seed
+        self._states = list(random_states(inner))
+
+    def _reseed(self, number: int, name: str) -> None:
+        for i, state in enumerate(self._states):
+            state.seed(_derived_seed(self.seed, number, name, i))
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        self._reseed(trial.number, "<relative>")
+        return self.inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        self._reseed(trial.number, param_name)
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._reseed(trial.number, "<before>")
+        self.inner.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: Any, values: Sequence[float] | None) -> None:
+        try:
+            self.inner.after_trial(study, trial, state, values)
+        except RuntimeError as exc:
+            # GridSampler calls study.stop() once its grid is exhausted, which Optuna allows only
+            # inside study.optimize (no exception type of its own to catch); sweep ends the study
+            # by n_trials instead.
+            if "Study.stop" not in str(exc):
+                raise
+
+    def reseed_rng(self) -> None:
+        """Deliberately nothing: randomness comes from (seed, number, param) only."""
+
+
+def random_states(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterator[np.random.RandomState]:
+    """Every numpy RandomState an Optuna sampler holds, in a fixed order (its attributes, sorted).
+
+    Samplers keep them in private attributes, some wrapped in Optuna's private LazyRandomState
+    (created on first use): there is no public way to reach them.
+    """
+    from optuna.samplers._lazy_random_state import LazyRandomState
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 3:
+        return
+    seen.add(id(obj))
+    for _, value in sorted(vars(obj).items(), key=lambda kv: kv[0]) if hasattr(obj, "__dict__") else ():
+        if isinstance(value, LazyRandomState):
+            yield value.rng
+        elif isinstance(value, np.random.RandomState):
+            yield value
+        elif isinstance(value, BaseSampler):
+            yield from random_states(value, depth + 1, seen)

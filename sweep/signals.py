@@ -1,0 +1,56 @@
+"""SIGTERM/SIGINT as a flag the training loop checks, with a grace period that bounds the exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from sweep.errors import Interrupted
+
+log = logging.getLogger("sweep")
+
+
+class StopSignal:
+    """Turns SIGTERM/SIGINT into a flag the loop checks after every window; a second SIGINT exits at once.
+
+    `install()` takes over the two signals (main thread only) and `restore()` gives the previous
+    handlers back, so a study run from Python leaves the process's signal handling as it found it.
+    """
+
+    def __init__(self, grace_seconds: float = 20.0) -> None:
+        self.signum: int | None = None
+        self.grace_seconds = grace_seconds
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            # Second Ctrl-C: the user wants out now. Everything already committed stays valid.
+            os._exit(130)
+        self.signum = signum
+        log.warning("signal %d received: checkpointing running trials, then exiting (at most %g s)", signum,
+                    self.grace_seconds)
+        # A step or a save that hangs (a stuck filesystem) must not keep a preempted machine alive:
+        # past the grace period the process exits anyway; committed checkpoints stay valid.
+        timer = threading.Timer(self.grace_seconds, self._expire, args=(signum,))
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self, signum: int) -> None:
+        log.error("grace period of %g s is over: exiting without a final checkpoint", self.grace_seconds)
+        os._exit(128 + signum)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
