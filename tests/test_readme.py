@@ -65,3 +65,20 @@ def test_readme_export_and_load_example_runs(tmp_path):
     predicted, true = re.search(r"predicted (\[.*?\]) true (\[.*?\])", result.stdout).groups()
     assert sum(a == b for a, b in zip(eval(predicted), eval(true))) >= 7  # it really predicts digits
     assert "ScaleByAdamState" in result.stdout or "TraceState" in result.stdout
+
+
+def test_readme_python_api_example_runs_as_documented(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    (tmp_path / "from_python.py").write_text(_example("from_python.py"))
+    result = subprocess.run([sys.executable, "from_python.py"], cwd=tmp_path, env=cli_env(), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"\[\(0, 'COMPLETE', [\d.]+\), \(1, 'COMPLETE', [\d.]+\), \(2, 'COMPLETE', [\d.]+\)\]",
+                     result.stdout), result.stdout
+    best = re.search(r"best trial (\d+) step (\d+) exported first: (\d+)", result.stdout)
+    assert best and best.group(1) == best.group(3), result.stdout  # load_best and export agree on the best
+    assert (tmp_path / "export-py" / "index.json").is_file()
