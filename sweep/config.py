@@ -2,7 +2,7 @@
 
 Imports neither optuna nor jax: validation must be fast and must create nothing.
 Sampler and pruner keyword arguments are checked against Optuna's classes by
-`sweep.study.check_config`, which the CLI runs right after `load`.
+`sweep.samplers.check_config`, which `run` calls right after `load`.
 """
 
 from __future__ import annotations
