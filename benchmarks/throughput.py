@@ -38,7 +38,8 @@ def main() -> None:
     traced = traced_names(config.study.search_space, hp)
     fns = FUNCTIONS.get(module, hp, traced)
     traced_hp = {k: hp[k] for k in traced}
-    state, data, tx = initial_state(config, 0, hp)
+    state, data, _ = initial_state(config, 0, hp)
+    tx = module.optimizer(hp)
 
     @jax.jit
     def step_fn(params, opt_state, key, step):
@@ -58,9 +59,10 @@ def main() -> None:
 
         def go():
             nonlocal params, opt_state
+            loss_sum = np.zeros((), np.float32)
             for start in range(0, args.steps, args.window):
-                params, opt_state, loss = fns.window(params, opt_state, state["key"], data, np.int32(start),
-                                                     np.int32(args.window), traced_hp)
+                params, opt_state, _, loss_sum, loss = fns.window(params, opt_state, {}, loss_sum, state["key"], data,
+                                                                  np.int32(start), np.int32(args.window), traced_hp)
             loss.block_until_ready()
         t = harness.timed(go)
         out["windows"] = params

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from sweep.best import LoadedTrial
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "Interrupted", "LoadedTrial", "StudySession", "SweepError", "load_best", "load_export",
-           "open"]
+__all__ = ["ConfigError", "Interrupted", "LoadedTrial", "StudySession", "SweepError", "epoch_batch", "load_best",
+           "load_export", "load_variables", "open"]
 
 
 def open(study: Any) -> StudySession:  # noqa: A001 (like io.open)
@@ -35,6 +35,23 @@ def load_export(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     from sweep.export_format import load_export as _load
 
     return _load(path)
+
+
+def load_variables(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(variables, meta) of an exported trial: {"params": ..., "batch_stats": ...} for Flax's
+    `model.apply(variables, x)`; needs no JAX."""
+    from sweep.export_format import load_variables as _load
+
+    return _load(path)
+
+
+def epoch_batch(key: Any, step: Any, size: int, batch_size: int) -> Any:
+    """Indices of step `step`'s batch when every epoch visits all `size` examples once in a random
+    order (a permutation per epoch, drawn from `key` and the epoch number; the last incomplete
+    batch of an epoch is dropped). For `batch(hp, data, key, step)`; works on traced steps."""
+    from sweep.data import epoch_batch as _batch
+
+    return _batch(key, step, size, batch_size)
 
 
 def load_best(study_file: Any, trial: int | None = None) -> LoadedTrial:

@@ -17,6 +17,27 @@ if TYPE_CHECKING:  # the runner imports best_of_reports from here: keep the sess
     from sweep.session import Session
 
 TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, computed once
+# Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
+# curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
+EVAL_ATTR_PREFIX = "eval:"
+
+
+def eval_attr(step: int) -> str:
+    return f"{EVAL_ATTR_PREFIX}{step}"
+
+
+def history(trial: FrozenTrial) -> dict[int, dict[str, float]]:
+    """step -> every metric recorded at that evaluation (empty for trials run before they were)."""
+    return {int(k[len(EVAL_ATTR_PREFIX):]): v for k, v in trial.user_attrs.items()
+            if k.startswith(EVAL_ATTR_PREFIX) and isinstance(v, dict)}
+
+
+def metrics_at(trial: FrozenTrial, step: int | None) -> dict[str, float] | None:
+    """Every metric recorded at `step` (the objective from the reports if nothing more was kept)."""
+    if step is None:
+        return None
+    found = trial.user_attrs.get(eval_attr(step))
+    return dict(found) if isinstance(found, dict) else None
 
 
 def best_of_reports(values: Mapping[int, float], direction: str | int) -> tuple[int, float] | None:
@@ -42,8 +63,25 @@ def best_step(trial: FrozenTrial, direction: str) -> tuple[int, float]:
     return best
 
 
-def best_state(config: Config, trial: FrozenTrial) -> tuple[dict[str, Any], int, float]:
-    """(full training state, best_step, best_value) from the trial's best checkpoint, checksum-verified.
+@dataclasses.dataclass(frozen=True)
+class BestState:
+    """A trial's best checkpoint, restored: the full training state and the trial's kind."""
+
+    state: dict[str, Any]  # params, opt_state (optax types), step, key, train_loss_sum[, model_state]
+    step: int
+    value: float
+    kind: Any  # sweep.kinds: how params and model state map onto the trial's functions
+
+    def variables(self) -> dict[str, Any]:
+        """{"params": ..., <collection>: ...} as numpy: the form Flax's `apply` takes."""
+        import jax
+        import numpy as np
+
+        return jax.tree.map(np.asarray, self.kind.variables(self.state["params"], self.state.get("model_state", {})))
+
+
+def best_state(config: Config, trial: FrozenTrial) -> BestState:
+    """The trial's best checkpoint, checksum-verified.
 
     Read-only: a damaged step is an error here; quarantine and fallback are for resuming.
     """
@@ -54,32 +92,25 @@ def best_state(config: Config, trial: FrozenTrial) -> tuple[dict[str, Any], int,
     directory = trial.user_attrs.get("checkpoint_dir")
     if directory is None:
         raise SweepError(f"trial {trial.number} has no checkpoint_dir attribute: it was not run by sweep")
-    template, _, _ = initial_state(config, trial.number, config.hyperparameters(trial.params))
+    fresh = initial_state(config, trial.number, config.hyperparameters(trial.params))
     ckpt = trial_checkpoints(config, trial.number, Path(directory), read_only=True)
     try:
         if step not in ckpt.all_steps():
             raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}")
-        return ckpt.restore_verified(step, template), step, value
+        restored = ckpt.restore_verified(step, fresh.state)
+        return BestState({**fresh.state, **restored}, step, value, fresh.kind)
     except DamagedCheckpoint as exc:
         raise SweepError(f"trial {trial.number}: its best checkpoint (step {step}) is damaged: {exc}") from None
     finally:
         ckpt.close()
 
 
-def best_params(config: Config, trial: FrozenTrial) -> tuple[Any, int, float]:
-    """(params as numpy, best_step, best_value) from the trial's best checkpoint, checksum-verified."""
-    import jax
-    import numpy as np
-
-    state, step, value = best_state(config, trial)
-    return jax.tree.map(np.asarray, state["params"]), step, value
-
-
-def _jitted(fn_name: str, config: Config, hp: Mapping[str, Any]) -> Any:
+def _jitted(fn_name: str, config: Config, hp: Mapping[str, Any], kind: Any) -> Any:
+    """The trial's `fn_name` (evaluate, test) of (params, model state, data), jitted."""
     import jax
 
     fn = getattr(config.trial_module, fn_name)
-    return jax.jit(lambda params, data: fn(hp, params, data))
+    return jax.jit(lambda params, state, data: kind.call(fn, hp, params, state, data))
 
 
 def best_test_metrics(session: Session) -> dict[str, Any] | None:
@@ -95,25 +126,35 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
     cached = study.user_attrs.get(TEST_ATTR)
     if cached and cached.get("trial") == best.number and cached.get("step") == step:
         return cached
-    params, step, _ = best_params(config, best)
-    hp = config.hyperparameters(best.params)
-    metrics = _jitted("test", config, hp)(params, config.trial_module.data(hp))
-    result = {"trial": best.number, "step": step, "metrics": {k: float(v) for k, v in metrics.items()}}
+    from sweep.state import run_hyperparameters
+
+    restored = best_state(config, best)
+    hp = run_hyperparameters(config, config.hyperparameters(best.params))
+    metrics = _jitted("test", config, hp, restored.kind)(restored.state["params"],
+                                                           restored.state.get("model_state", {}),
+                                                           config.trial_module.data(hp))
+    result = {"trial": best.number, "step": restored.step, "metrics": {k: float(v) for k, v in metrics.items()}}
     study.set_user_attr(TEST_ATTR, result)
     return result
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadedTrial:
-    """A trial's best checkpoint, restored with its trial module: `model.apply({"params": params}, x)`."""
+    """A trial's best checkpoint, restored with its trial module.
+
+    Flax linen: `loaded.model.apply(loaded.variables, x)`; NNX: `loaded.model(x)` (the module, in
+    eval mode, holding the checkpoint's params and state).
+    """
 
     number: int
     step: int
     value: float
     hyperparameters: dict[str, Any]
-    state: dict[str, Any]  # params, opt_state (optax types), step, key
-    model: Any  # the trial module's model(hp), or None if it defines none
+    state: dict[str, Any]  # params, opt_state (optax types), step, key, train_loss_sum[, model_state]
+    model: Any  # linen: the trial module's model(hp) (None if it defines none); NNX: the module itself
     trial_module: Any
+    variables: dict[str, Any]  # {"params": ..., <collection>: ...}, the form Flax's apply takes
+    metrics: dict[str, float] | None  # every metric recorded at this step
 
     @property
     def params(self) -> Any:
@@ -139,11 +180,12 @@ def load_trial(session: Session, trial: int | None = None) -> LoadedTrial:
     """`load_best` of an (opened or not) session."""
     config = session.open(create=False).config
     frozen = _pick(session, trial)
-    state, step, value = best_state(config, frozen)
+    restored = best_state(config, frozen)
     hp = config.hyperparameters(frozen.params)
-    model_fn = getattr(config.trial_module, "model", None)
-    return LoadedTrial(frozen.number, step, value, hp, state, model_fn(hp) if callable(model_fn) else None,
-                       config.trial_module)
+    state = restored.state
+    model = restored.kind.model(config.trial_module, hp, state["params"], state.get("model_state", {}))
+    return LoadedTrial(frozen.number, restored.step, restored.value, hp, state, model, config.trial_module,
+                       restored.variables(), metrics_at(frozen, restored.step))
 
 
 def _pick(session: Session, number: int | None) -> FrozenTrial:

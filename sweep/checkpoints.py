@@ -59,9 +59,11 @@ class TrialCheckpoints:
     """
 
     def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int,
-                 read_only: bool = False, label: str = "trial", budget: WriteBudget | None = None) -> None:
+                 read_only: bool = False, label: str = "trial", budget: WriteBudget | None = None,
+                 optional_keys: tuple[str, ...] = ()) -> None:
         self.directory = Path(directory)
         self.label = label
+        self.optional_keys = optional_keys
         self.budget = budget or WriteBudget()
         if not read_only:
             self._quarantine_unreadable()
@@ -103,9 +105,19 @@ class TrialCheckpoints:
                 integrity.quarantine(self.directory, int(entry.name), reason, self.label)
 
     def restore(self, step: int, template: Any) -> Any:
-        """Restore `step` into the structure of `template` (optax states come back as their types)."""
+        """Restore `step` into the structure of `template` (optax states come back as their types).
+
+        A step written before one of the template's `optional_keys` existed comes back without it.
+        """
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        try:
+            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception:
+            older = {k: v for k, v in abstract.items() if k not in self.optional_keys} \
+                if isinstance(abstract, dict) else abstract
+            if older is abstract or len(older) == len(abstract):
+                raise
+            return self._manager.restore(step, args=ocp.args.StandardRestore(older))
 
     def restore_verified(self, step: int, template: Any) -> Any:
         """`restore`, then check the step's recorded checksum; every reader of a checkpoint uses this.

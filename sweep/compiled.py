@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from sweep.kinds import PlainKind, takes_step
 
 log = logging.getLogger("sweep")
 WINDOW_SECONDS = 0.2  # a training window's target length: bounds the reaction to SIGTERM and every_seconds
@@ -65,35 +68,52 @@ class Compiled:
     new learning rate does not compile anew (and JAX's persistent cache serves the next process).
     """
 
-    window: Callable  # (params, opt_state, key, data, start, n, traced_hp) -> (params, opt_state, loss)
-    evaluate: Callable  # (params, data, traced_hp) -> metrics
+    # (params, opt_state, model_state, loss_sum, key, data, start, n, traced_hp)
+    #   -> (params, opt_state, model_state, loss_sum, last loss)
+    window: Callable
+    evaluate: Callable  # (params, model_state, data, traced_hp) -> metrics
 
 
-def _build(module: Any, static: Mapping[str, Any], devices: int) -> Compiled:
-    def window(params, opt_state, rng, data, start, n, traced_hp):
+def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int) -> Compiled:
+    wants_step = takes_step(module.batch)
+
+    def window(params, opt_state, model_state, loss_sum, rng, data, start, n, traced_hp):
         # One compiled loop over steps [start, start + n): no Python dispatch per step. The body is
         # a function of (state, step) only, so any split of the steps into windows gives the same
         # bits (checked by the tests); windows therefore need no alignment beyond step numbers.
+        # The training loss is summed in the carry, in step order, for the same reason.
         full = {**static, **traced_hp}
         tx = module.optimizer(full)
 
         def body(step, carry):
-            params, opt_state, _ = carry
+            params, opt_state, model_state, loss_sum, _ = carry
             batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
-            batch = module.batch(full, data, batch_key)
+            if wants_step:  # batch(hp, data, key, step): the trial's data key, the same at every step
+                batch = module.batch(full, data, jax.random.fold_in(rng, DATA_KEY), step)
+            else:
+                batch = module.batch(full, data, batch_key)
             if devices > 1:
                 batch = _split_batch(batch, devices)
-            loss, grads = jax.value_and_grad(lambda p: module.loss(full, p, batch, loss_key))(params)
+
+            def loss_fn(p):
+                loss, new_state = kind.loss(module, full, p, model_state, batch, loss_key)
+                return jnp.asarray(loss, jnp.float32), new_state
+
+            (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
             updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, jnp.asarray(loss, jnp.float32)
+            return optax.apply_updates(params, updates), opt_state, model_state, loss_sum + loss, loss
 
-        return jax.lax.fori_loop(start, start + n, body, (params, opt_state, jnp.zeros((), jnp.float32)))
+        return jax.lax.fori_loop(start, start + n, body,
+                                 (params, opt_state, model_state, loss_sum, jnp.zeros((), jnp.float32)))
 
-    def evaluate(params, data, traced_hp):
-        return module.evaluate({**static, **traced_hp}, params, data)
+    def evaluate(params, model_state, data, traced_hp):
+        return kind.evaluate(module, {**static, **traced_hp}, params, model_state, data)
 
     pinned = {"out_shardings": replicated(devices)} if devices > 1 else {}
-    return Compiled(jax.jit(window, donate_argnums=(0, 1), **pinned), jax.jit(evaluate))
+    return Compiled(jax.jit(window, donate_argnums=(0, 1, 2), **pinned), jax.jit(evaluate))
+
+
+DATA_KEY = 0x64617461  # fold_in(train key, DATA_KEY): the data key of `batch(hp, data, key, step)`
 
 
 class FunctionCache:
@@ -114,29 +134,37 @@ class FunctionCache:
     def _module_key(module: Any) -> tuple[str, int]:
         return module.__name__, id(module)  # a reloaded module with the same name is another module
 
-    def get(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1) -> Compiled:
+    def get(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1,
+            kind: PlainKind | None = None) -> Compiled:
         """The compiled functions for `hp`, with the names in `traced` passed as arguments.
 
         `devices` > 1: data parallel over `mesh(devices)` (batch split, params replicated).
+        `kind`: the trial's kind (plain, linen collections, NNX); its static part is in the key.
         """
+        kind = kind or PlainKind()
         static = {k: v for k, v in hp.items() if k not in traced}
-        key = (*self._module_key(module), repr(sorted(static.items())), traced, devices)
+        key = (*self._module_key(module), repr(sorted(static.items())), traced, devices, kind.static_key())
         with self._lock:
             if key in self._functions:
                 self._functions.move_to_end(key)
                 return self._functions[key]
-            out = self._functions[key] = _build(module, static, devices)
+            out = self._functions[key] = _build(module, kind, static, devices)
             if len(self._functions) > self.max_entries:
                 self._functions.popitem(last=False)
             return out
 
-    def untraceable(self, module: Any, kind: str, traced: tuple[str, ...]) -> bool:
+    def static_names(self, module: Any, fn: str) -> frozenset[str]:
+        """The hyperparameters `fn` ("window"/"evaluate") of `module` needs as Python values."""
         with self._lock:
-            return (*self._module_key(module), kind, traced) in self._untraceable
+            return frozenset(name for (*m, f, name) in self._untraceable
+                             if tuple(m) == self._module_key(module) and f == fn)
 
-    def mark_untraceable(self, module: Any, kind: str, traced: tuple[str, ...]) -> None:
+    def mark_static(self, module: Any, fn: str, names: frozenset[str]) -> bool:
+        """Remember `names` as static for `fn`; False if they all were already (no progress)."""
         with self._lock:
-            self._untraceable.add((*self._module_key(module), kind, traced))
+            new = {(*self._module_key(module), fn, name) for name in names} - self._untraceable
+            self._untraceable |= new
+            return bool(new)
 
     def clear(self) -> None:
         with self._lock:
@@ -157,37 +185,56 @@ def traced_names(search_space: Mapping[str, Any], hp: Mapping[str, Any]) -> tupl
     return tuple(sorted(k for k in search_space if isinstance(hp.get(k), float)))
 
 
+_TRACED_ARG = re.compile(r"traced_hp\[['\"]([^'\"]+)['\"]\]")
+
+
+def _culprits(exc: Exception, traced: tuple[str, ...]) -> frozenset[str]:
+    """The traced hyperparameters a trace error names ("... depends on the value of the argument
+    traced_hp['dropout']"); all of them when JAX's message names none."""
+    named = frozenset(_TRACED_ARG.findall(str(exc))) & frozenset(traced)
+    return named or frozenset(traced)
+
+
 class Functions:
-    """The trial's window and evaluation, traced float hyperparameters where the trial allows it."""
+    """The trial's window and evaluation, traced float hyperparameters where the trial allows it.
+
+    A hyperparameter the trial's code needs as a Python value (`if hp["dropout"] > 0:`, Flax's
+    `nn.Dropout` checking `rate == 0`) cannot be traced: that one becomes a compile-time constant
+    (a compile per value), the others stay traced. Logged at info level once per trial module.
+    """
 
     def __init__(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1,
-                 cache: FunctionCache = FUNCTIONS) -> None:
+                 cache: FunctionCache = FUNCTIONS, kind: PlainKind | None = None) -> None:
         self.module, self.hp, self.traced, self.devices, self.cache = module, hp, traced, devices, cache
+        self.kind = kind or PlainKind()
         self.cap = 1  # steps in the next window at most; the first one includes the compilation
         self._timed = False
 
-    def _call(self, kind: str, *args: Any) -> Any:
-        traced = self.traced
-        if self.cache.untraceable(self.module, kind, traced):
-            traced = ()
-        fn = getattr(self.cache.get(self.module, self.hp, traced, self.devices), kind)
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        static = self.cache.static_names(self.module, fn_name)
+        traced = tuple(name for name in self.traced if name not in static)
+        fn = getattr(self.cache.get(self.module, self.hp, traced, self.devices, self.kind), fn_name)
         try:
             return fn(*args, {k: self.hp[k] for k in traced})
         except _TRACE_ERRORS as exc:
-            if not traced:
+            culprits = _culprits(exc, traced)
+            if not traced or not self.cache.mark_static(self.module, fn_name, culprits):
                 raise
-            log.debug("%s: %s of a float hyperparameter needs its value; compiling it as a constant (%s)",
-                      self.module.__name__, kind, type(exc).__name__)
-            self.cache.mark_untraceable(self.module, kind, traced)
-            return self._call(kind, *args)
+            log.info("%s: %s uses hyperparameter(s) %s as a Python value (%s), so each value compiles its "
+                     "own program; write it with jnp operations (e.g. jnp.where) to share one program",
+                     self.module.__name__, "training" if fn_name == "window" else "evaluate",
+                     ", ".join(sorted(culprits)), type(exc).__name__)
+            return self._call(fn_name, *args)
 
-    def evaluate(self, params: Any, data: Any) -> Any:
-        return self._call("evaluate", params, data)
+    def evaluate(self, params: Any, model_state: Any, data: Any) -> Any:
+        return self._call("evaluate", params, model_state, data)
 
-    def window(self, params: Any, opt_state: Any, key: Any, data: Any, start: int, n: int) -> Any:
+    def window(self, params: Any, opt_state: Any, model_state: Any, loss_sum: Any, key: Any, data: Any,
+               start: int, n: int) -> Any:
         t0 = time.perf_counter()
-        out = self._call("window", params, opt_state, key, data, np.int32(start), np.int32(n))
-        out[2].block_until_ready()
+        out = self._call("window", params, opt_state, model_state, loss_sum, key, data, np.int32(start),
+                         np.int32(n))
+        out[-1].block_until_ready()
         # Windows grow to WINDOW_SECONDS of steps, timed after the first (which compiled).
         if self._timed:
             per_step = (time.perf_counter() - t0) / n

@@ -130,6 +130,9 @@ class Train(_Model):
     seed: int = 0
     # Data parallel: each batch is split over this many devices, params replicated (see runner).
     devices: Annotated[int, Field(ge=1)] = 1
+    # false (default): each trial number gets its own initialisation and data order, derived from
+    # (seed, number); true: every trial starts from the same ones (only the hyperparameters differ).
+    same_seed_for_all_trials: bool = False
 
 
 class Checkpoint(_Model):

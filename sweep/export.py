@@ -13,7 +13,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.best import best_params, best_step
+from sweep.best import best_state, best_step, metrics_at
 from sweep.errors import SweepError
 from sweep.export_format import flatten
 from sweep.session import Session
@@ -57,14 +57,21 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for t in trials:
-        params, step, value = best_params(config, t)
+        restored = best_state(config, t)
+        step, value = restored.step, restored.value
+        variables = restored.variables()
+        params = variables.pop("params")
         folder = out / f"trial_{t.number:04d}"
         folder.mkdir(exist_ok=True)
         entry = {"number": t.number, "dir": folder.name, "state": t.state.name,
                  "hyperparameters": config.hyperparameters(t.params), "params": t.params, "metric": metric,
                  "best_step": step, "best_value": value,
-                 "last_step": t.user_attrs.get("last_step", max(t.intermediate_values, default=step))}
+                 "last_step": t.user_attrs.get("last_step", max(t.intermediate_values, default=step)),
+                 "metrics": metrics_at(t, step) or {metric: value},
+                 "collections": sorted(variables)}  # model state beside the params, in state.safetensors
         _write(folder / "params.safetensors", save(flatten(params)))
+        if variables:  # keys like "batch_stats/BatchNorm_0/mean"
+            _write(folder / "state.safetensors", save(flatten(variables)))
         _write(folder / "meta.json", _json(entry))
         entries.append(entry)
     index = {"study": config.name, "metric": metric, "direction": direction, "trials": entries}

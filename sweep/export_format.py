@@ -1,6 +1,7 @@
 """The export format on disk, and reading it back with safetensors and JSON only (no JAX, no Optuna).
 
-DIR/index.json, DIR/trial_NNNN/meta.json, DIR/trial_NNNN/params.safetensors (keys "Dense_0/kernel").
+DIR/index.json, DIR/trial_NNNN/meta.json, DIR/trial_NNNN/params.safetensors (keys "Dense_0/kernel"),
+and for trials with model state DIR/trial_NNNN/state.safetensors (keys "batch_stats/BatchNorm_0/mean").
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -18,11 +19,34 @@ def flatten(params: Any, prefix: str = "") -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
+        if isinstance(value, Mapping):
             out.update(flatten(value, name + "/"))
         else:
             out[name] = np.ascontiguousarray(value)
     return out
+
+
+def _trial_folder(where: str | os.PathLike[str]) -> Path:
+    path = Path(where)
+    if (path / "index.json").is_file():
+        index = json.loads((path / "index.json").read_text())
+        if not index["trials"]:
+            raise ValueError(f"{path}/index.json lists no trial")
+        path = path / index["trials"][0]["dir"]
+    return path
+
+
+def _unflatten(file: Path) -> dict[str, Any]:
+    from safetensors.numpy import load_file
+
+    tree: dict[str, Any] = {}
+    for name, array in load_file(file).items():
+        node = tree
+        *parents, leaf = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = array
+    return tree
 
 
 def load_export(where: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -30,20 +54,14 @@ def load_export(where: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str
 
     Needs only safetensors and JSON: no pickle, no JAX.
     """
-    from safetensors.numpy import load_file
+    path = _trial_folder(where)
+    return _unflatten(path / "params.safetensors"), json.loads((path / "meta.json").read_text())
 
-    path = Path(where)
-    if (path / "index.json").is_file():
-        index = json.loads((path / "index.json").read_text())
-        if not index["trials"]:
-            raise ValueError(f"{path}/index.json lists no trial")
-        path = path / index["trials"][0]["dir"]
-    meta = json.loads((path / "meta.json").read_text())
-    params: dict[str, Any] = {}
-    for name, array in load_file(path / "params.safetensors").items():
-        node = params
-        *parents, leaf = name.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = array
-    return params, meta
+
+def load_variables(where: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(variables, meta): {"params": ..., "batch_stats": ...}, the form Flax's `apply` takes, with
+    the model state exported beside the params (just {"params": ...} for a trial without any)."""
+    path = _trial_folder(where)
+    params, meta = load_export(path)
+    state = _unflatten(path / "state.safetensors") if (path / "state.safetensors").is_file() else {}
+    return {"params": params, **state}, meta

@@ -17,7 +17,7 @@ from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.signals import StopSignal
-from sweep.state import initial_state
+from sweep.state import initial_state, run_hyperparameters
 
 log = logging.getLogger("sweep")
 
@@ -70,6 +70,7 @@ def run_trial(
     stop: StopSignal,
     on_restore: Callable[[int], None] | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    on_evaluation: Callable[[int, dict[str, float]], None] | None = None,
 ) -> Outcome:
     """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
 
@@ -82,6 +83,8 @@ def run_trial(
         on_restore: called with the step a checkpoint was restored from, before training.
         on_step: called with (number, step) after every training window, and with (number, -1)
             when the trial stops running here (the progress view's source of the current step).
+        on_evaluation: called with (step, metrics) for every new evaluation: every metric the
+            trial declares, plus "train_loss" (the mean training loss since the last evaluation).
 
     Raises:
         Interrupted: a signal arrived; the current step was checkpointed first.
@@ -91,40 +94,55 @@ def run_trial(
     total, eval_every = study.train.steps, study.train.eval_every
     compiles_before = compiled.COMPILES.copy()
     try:
-        state, data, _ = initial_state(config, number, hp)
+        fresh = initial_state(config, number, hp)
+        state, data = fresh.state, fresh.data
         devices = study.train.devices
         if devices > 1:  # restored into these shardings too (the template's)
             state, data = jax.device_put((state, data), compiled.replicated(devices))
         sign = study.objective.sign
-        start, state = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
+        start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
+        state = {**state, **restored}  # a step saved before an optional key existed lacks it
         if start is not None:
             log.info("trial %d: resumed from step %d", number, start)
             if on_restore is not None:
                 on_restore(start)
         step = int(state["step"])
         best = _best_of(reported, step, sign)
-        fns = compiled.Functions(module, hp, compiled.traced_names(study.search_space, hp), devices)
+        run_hp = run_hyperparameters(config, hp)
+        fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), devices,
+                                 kind=fresh.kind)
         if devices > 1:
             leaf = jax.tree.leaves(state["params"])[0]
             log.info("trial %d: data parallel: each batch split over %d devices, params replicated on %d",
                      number, devices, len(leaf.sharding.device_set))
         params, opt_state, key = state["params"], state["opt_state"], state["key"]
+        model_state, loss_sum = state.get("model_state", {}), state["train_loss_sum"]
         cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
         evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
         announce_first_step = bool(reported)  # a trial that made progress before: recovery is visible
 
-        def snapshot() -> Any:  # reads the loop's current params/opt_state/step when called
-            return host_copy({"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32), "key": key})
+        def snapshot() -> Any:  # reads the loop's current state when called
+            current = {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32), "key": key,
+                       "train_loss_sum": loss_sum}
+            if model_state:
+                current["model_state"] = model_state
+            return host_copy(current)
 
         while True:
             if step > 0 and (step % eval_every == 0 or step == total):
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.
-                value = _evaluate(fns.evaluate(params, data), metric, number, step)
-                evaluated = {metric: value}
-                log.debug("trial %d: step %d: %s=%r", number, step, metric, value)
+                evaluated = _metrics(fns.evaluate(params, model_state, data), metric, number, step)
+                value = evaluated[metric]
+                log.debug("trial %d: step %d: %s", number, step, evaluated)
                 if step not in reported:
                     reporter.report(value, step)
+                if step != start:  # the restored step's metrics were recorded before the interruption
+                    interval = step - (step - 1) // eval_every * eval_every
+                    evaluated["train_loss"] = float(loss_sum) / interval
+                    if on_evaluation is not None:
+                        on_evaluation(step, evaluated)
+                loss_sum = np.zeros((), np.float32)
                 if best.offer(step, value) and step != start:
                     best.pending = (step, snapshot(), evaluated)
                 if step < total and reporter.should_prune():
@@ -142,14 +160,17 @@ def run_trial(
                                 number, step)
                     stop.check()
             end = _window_end(step, total, eval_every, study.checkpoint.every_steps, fns.cap)
-            params, opt_state, loss = fns.window(params, opt_state, key, data, step, end - step)
+            params, opt_state, model_state, loss_sum, loss = fns.window(
+                params, opt_state, model_state, loss_sum, key, data, step, end - step)
+            if not math.isfinite(float(loss_sum)):
+                raise NonFiniteMetric(f"trial {number}: the training loss is {float(loss_sum)} in steps {step}-{end} "
+                                      "(non-finite); the trial failed")
             step = end
             if on_step is not None:
                 on_step(number, step)
             evaluated = None
             if announce_first_step:
                 announce_first_step = False
-                loss.block_until_ready()
                 log.info("trial %d: training again, step %d done (restart -> first new step)", number, step)
         return Outcome("COMPLETE", _best_step(best), best.value, step)
     except Interrupted:
@@ -177,11 +198,15 @@ def _best_step(best: _Best) -> int:
     return best.step
 
 
-def _evaluate(metrics: Mapping[str, Any], metric: str, number: int, step: int) -> float:
-    value = float(metrics[metric])
-    if not math.isfinite(value):
-        raise NonFiniteMetric(f"trial {number}: {metric} is {value} at step {step} (non-finite); the trial failed")
-    return value
+def _metrics(metrics: Mapping[str, Any], metric: str, number: int, step: int) -> dict[str, float]:
+    """Every metric `evaluate` returned, as floats; the objective must be there and finite."""
+    if metric not in metrics:
+        raise KeyError(f"trial {number}: evaluate returned no {metric!r} (it returned {sorted(metrics)})")
+    values = {name: float(v) for name, v in metrics.items()}
+    if not math.isfinite(values[metric]):
+        raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "
+                              "the trial failed")
+    return values
 
 
 def _flush(ckpt: TrialCheckpoints, best: _Best, current: tuple[int, Callable[[], Any], dict | None] | None) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.best import eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.runner import Outcome, run_trial
@@ -128,10 +129,12 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             outcome = run_trial(config, number, config.hyperparameters(params), trial,
                                 dict(frozen.intermediate_values), ckpt, stop,
                                 on_restore=lambda step: _record_resume(session, trial, step),
-                                on_step=session.on_step)
+                                on_step=session.on_step,
+                                on_evaluation=lambda step, metrics: trial.set_user_attr(eval_attr(step), metrics))
             # Recorded while the final save is still being written; told only once it is on disk.
+            best_metrics = metrics_at(session.trial(number), outcome.best_step)
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
-                                ("last_step", outcome.last_step)):
+                                ("last_step", outcome.last_step), ("metrics", best_metrics)):
                 trial.set_user_attr(name, value)
             ckpt.wait()
             return outcome

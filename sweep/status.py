@@ -7,7 +7,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_of_reports
+from sweep.best import best_of_reports, metrics_at
 from sweep.checkpoints import newest_mtime
 from sweep.config import sign
 from sweep.session import Session
@@ -49,6 +49,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str) -> dict[str, Any]:
         "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
         "checkpoint_dir": attrs.get("checkpoint_dir"),
         "resumes": int(attrs.get("resumes", 0)),
+        "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step)),
     }
 
 

@@ -22,8 +22,10 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 def _evaluate(study: Path, params, hp) -> float:
+    from sweep.kinds import PlainKind
+
     config = config_lib.load(study)
-    return float(_jitted("evaluate", config, hp)(params, config.trial_module.data(hp))["val_loss"])
+    return float(_jitted("evaluate", config, hp, PlainKind())(params, {}, config.trial_module.data(hp))["val_loss"])
 
 
 def _check_export(study: Path, out: Path) -> dict:
@@ -101,7 +103,7 @@ def test_exported_params_are_the_best_step_not_the_last(write_study, tmp_path):
     ckpt_dir = Path(trial.user_attrs["checkpoint_dir"])
     assert sorted(int(p.name) for p in ckpt_dir.iterdir()) == [entry["best_step"], 1500]
     params, meta = __import__("sweep").load_export(out / entry["dir"])
-    template, _, _ = initial_state(config_lib.load(study), 0, meta["hyperparameters"])
+    template = initial_state(config_lib.load(study), 0, meta["hyperparameters"]).state
     ckpt = TrialCheckpoints(ckpt_dir, "val_loss", "minimize", 1, 1, read_only=True)
     last = ckpt.restore_verified(1500, template)["params"]
     ckpt.close()

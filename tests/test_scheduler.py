@@ -1,0 +1,462 @@
+"""The scheduler's decisions, in-process: skip finished trials, ask the missing ones, resume, adopt, retry, fail, time out.
+
+The fast tier: a tiny linear-regression trial (40 steps) run by `scheduler.run` in this process;
+interruptions set the `StopSignal` flag from the progress callback instead of sending a signal,
+and a dead worker is a forged row in `sweep_claims`. Real processes and real kills are in the
+slow tier (test_resume.py, test_workers.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep import claims, scheduler, status
+from sweep import config as config_lib
+from sweep.errors import Interrupted
+from sweep.session import Session
+from sweep.signals import StopSignal
+
+# The trial modules are imported once per process (module cache): one name per source text, and
+# names no other test file uses.
+_TRIAL_BODY = textwrap.dedent('''
+    import os
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    HYPERPARAMETERS = {"learning_rate": 0.05}
+    METRICS = ("val_loss",)
+
+
+    def data(hp):
+        rng = np.random.RandomState(0)
+        x = rng.normal(size=(64, 4)).astype(np.float32)
+        y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.1 * rng.normal(size=64).astype(np.float32)
+        return {"x_train": x[:48], "y_train": y[:48], "x_val": x[48:], "y_val": y[48:]}
+
+
+    def init(hp, key, data):
+        return {"w": 0.01 * jax.random.normal(key, (4,)), "b": jnp.zeros(())}
+
+
+    def optimizer(hp):
+        return optax.sgd(hp["learning_rate"])
+
+
+    def batch(hp, data, key):
+        idx = jax.random.randint(key, (16,), 0, 48)
+        return data["x_train"][idx], data["y_train"][idx]
+
+
+    def _mse(params, x, y):
+        return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+    def loss(hp, params, batch, key):
+        return _mse(params, *batch)
+''')
+TRIALS = {
+    "sched_linear": _TRIAL_BODY + textwrap.dedent('''
+
+        def evaluate(hp, params, data):
+            return {"val_loss": _mse(params, data["x_val"], data["y_val"])}
+    '''),
+    # Marker files in the current directory steer its evaluation: `fault` makes the next one raise
+    # (and is removed, so a retry succeeds), `nan` makes every one NaN. Without markers it is the
+    # same computation every time, so a faulty run can be compared bit for bit with a clean one.
+    "sched_faulty": _TRIAL_BODY + textwrap.dedent('''
+
+        def _scale(_):
+            if os.path.exists("fault"):
+                os.remove("fault")
+                raise RuntimeError("transient fault")
+            return np.asarray(np.nan if os.path.exists("nan") else 1.0, np.float32)
+
+
+        def evaluate(hp, params, data):
+            scale = jax.pure_callback(_scale, jax.ShapeDtypeStruct((), jnp.float32), params["b"])
+            return {"val_loss": scale * _mse(params, data["x_val"], data["y_val"])}
+    '''),
+}
+STEPS = 40
+
+
+def make_study(root: Path, trial: str = "sched_linear", **override: Any) -> dict[str, Any]:
+    """A study of 3 trials of 40 steps (evaluated and saved every 10) whose workdir is under root."""
+    study = {
+        "name": "sched",
+        "trial": trial,
+        "workdir": str(root / "runs"),
+        "n_trials": 3,
+        "objective": {"metric": "val_loss", "direction": "minimize"},
+        "sampler": {"type": "tpe", "seed": 0},
+        "search_space": {"learning_rate": {"type": "float", "low": 1.0e-3, "high": 0.3, "log": True}},
+        "train": {"steps": STEPS, "eval_every": 10, "seed": 0},
+        "checkpoint": {"every_steps": 10, "keep_last": 2},
+    }
+    study.update(override)
+    return study
+
+
+def write_trials(root: Path) -> None:
+    for name, source in TRIALS.items():
+        (root / f"{name}.py").write_text(source)
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path as the current directory, with the trial modules in it (found there, as from the CLI)."""
+    write_trials(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def sweep_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
+    """caplog on the "sweep" logger, even after `sweep.logs.setup` (another test) stopped its propagation."""
+    monkeypatch.setattr(logging.getLogger("sweep"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="sweep")
+    return caplog
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sweep"]
+
+
+def run(study: dict[str, Any], stop: StopSignal | None = None,
+        on_step: Callable[[int, int], None] | None = None) -> Session:
+    """`scheduler.run` of the study in this process; `on_step(number, step)` also sees every window."""
+    session = Session(config_lib.from_dict(study))
+    if on_step is not None:
+        inner = session.on_step
+
+        def both(number: int, step: int) -> None:
+            inner(number, step)
+            on_step(number, step)
+
+        session.on_step = both  # type: ignore[method-assign]
+    try:
+        scheduler.run(session, stop or StopSignal())
+    finally:
+        session.close()
+    return session
+
+
+def run_interrupted(study: dict[str, Any], number: int, step: int) -> None:
+    """Run the study; as trial `number` passes `step`, stop as SIGTERM would (the handler's flag)."""
+    stop = StopSignal()
+
+    def on_step(n: int, s: int) -> None:
+        if n == number and s >= step:
+            stop.signum = signal.SIGTERM
+
+    with pytest.raises(Interrupted) as raised:
+        run(study, stop, on_step)
+    assert raised.value.signum == signal.SIGTERM
+
+
+def trials(study: dict[str, Any]) -> list[FrozenTrial]:
+    """The study's trials, read fresh from its storage, by number."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study['workdir']}/study.db")
+    try:
+        found = optuna.load_study(study_name=study["name"], storage=storage).get_trials(deepcopy=True)
+    finally:
+        storage.engine.dispose()
+    return sorted(found, key=lambda t: t.number)
+
+
+def snapshot(study: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Everything that must be bit-identical between an interrupted and an uninterrupted study."""
+    return [(t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
+             t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"))
+            for t in trials(study)]
+
+
+def checkpoint_dir(study: dict[str, Any], number: int) -> Path:
+    return Path(study["workdir"]) / "checkpoints" / f"trial_{number:04d}"
+
+
+def saved_steps(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def files(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file and folder under root: any write, delete or new file changes it."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def claim_rows(study: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """key -> (owner, heartbeat) of the study's trial claims."""
+    engine = sa.create_engine(f"sqlite:///{study['workdir']}/study.db")
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(claims.claims_table)).all()
+    finally:
+        engine.dispose()
+    return {r.key: (r.owner, r.heartbeat) for r in rows if r.key.startswith("trial:")}
+
+
+def forge_claim(study: dict[str, Any], number: int, owner: str, heartbeat: float) -> str:
+    """Make trial `number`'s claim row say that `owner` holds it, last renewed at `heartbeat`; its key."""
+    session = Session(config_lib.from_dict(study)).open(create=False)
+    try:
+        key = session.claims.key(number)
+        t = claims.claims_table
+        with session.storage.engine.begin() as conn:
+            conn.execute(t.delete().where(t.c.key == key))
+            conn.execute(t.insert().values(key=key, owner=owner, heartbeat=heartbeat))
+    finally:
+        session.close()
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    study: dict[str, Any]
+    snapshot: list[tuple[Any, ...]]
+
+
+def _reference(root: Path, trial: str, **override: Any) -> Reference:
+    write_trials(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        study = make_study(root, trial, **override)
+        run(study)
+    return Reference(study, snapshot(study))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """An uninterrupted run of the 3-trial study, in a workdir of its own."""
+    return _reference(tmp_path_factory.mktemp("reference"), "sched_linear")
+
+
+@pytest.fixture(scope="module")
+def faulty_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """An uninterrupted, fault-free run of the faulty trial (2 trials)."""
+    return _reference(tmp_path_factory.mktemp("faulty_reference"), "sched_faulty", n_trials=2)
+
+
+# --- skip and ask ----------------------------------------------------------------------------------
+
+
+def test_run_of_a_finished_study_trains_nothing(reference, sweep_log):
+    study = reference.study
+    assert [(t[0], t[1]) for t in reference.snapshot] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE")]
+    for number, _, _, value, reports, best_step, best_value, last_step in reference.snapshot:
+        # A trial's value is its best evaluation, and its best and last steps are on disk.
+        assert list(reports) == [10, 20, 30, 40] and last_step == STEPS
+        assert value == best_value == reports[best_step] == min(reports.values())
+        assert {best_step, STEPS} <= set(saved_steps(checkpoint_dir(study, number)))
+    on_disk = files(Path(study["workdir"]) / "checkpoints")
+
+    run(study)
+
+    assert snapshot(study) == reference.snapshot  # no new trial, nothing told again
+    assert files(Path(study["workdir"]) / "checkpoints") == on_disk  # no checkpoint written or removed
+    logged = messages(sweep_log)
+    assert "trials 0-2: finished, skipped" in logged
+    assert not [m for m in logged if "started" in m or "resumed" in m], logged
+
+
+def test_raising_n_trials_adds_only_the_missing_trials(here, reference, sweep_log):
+    study = make_study(here, n_trials=2)
+    run(study)
+    assert [(t.number, t.state) for t in trials(study)] == [(0, TrialState.COMPLETE), (1, TrialState.COMPLETE)]
+    on_disk = {n: files(checkpoint_dir(study, n)) for n in (0, 1)}
+    sweep_log.clear()
+
+    study["n_trials"] = 3
+    run(study)
+
+    assert snapshot(study) == reference.snapshot  # trial 2 is the one an uninterrupted study has
+    assert {n: files(checkpoint_dir(study, n)) for n in (0, 1)} == on_disk
+    logged = messages(sweep_log)
+    assert "trials 0-1: finished, skipped" in logged
+    assert [m for m in logged if "started" in m] == [f"trial 2: started with params {reference.snapshot[2][2]}"]
+
+
+# --- resume and adopt ------------------------------------------------------------------------------
+
+
+def test_interrupted_trial_resumes_under_its_number_and_params_bit_identical(here, reference, sweep_log):
+    study = make_study(here)
+    run_interrupted(study, number=1, step=20)
+
+    t0, t1 = trials(study)
+    assert t0.state == TrialState.COMPLETE
+    assert t1.state == TrialState.RUNNING and t1.params == reference.snapshot[1][2]  # never FAIL
+    assert sorted(t1.intermediate_values) == [10, 20]
+    folder = checkpoint_dir(study, 1)
+    assert t1.user_attrs["checkpoint_dir"] == str(folder) and saved_steps(folder)[-1] == 20
+    session = Session(config_lib.from_dict(study))
+    try:  # its worker (this process's run) is gone: INTERRUPTED, not RUNNING
+        assert [t["state"] for t in status.collect(session)["trials"]] == ["COMPLETE", "INTERRUPTED"]
+    finally:
+        session.close()
+    sweep_log.clear()
+
+    run(study)
+
+    after = trials(study)
+    assert [t.number for t in after] == [0, 1, 2]
+    assert after[1].user_attrs["resumes"] == 1 and after[1].user_attrs["resumed_from"] == [20]
+    assert after[1].user_attrs["checkpoint_dir"] == str(folder)
+    assert [t.user_attrs["resumes"] for t in (after[0], after[2])] == [0, 0]
+    assert snapshot(study) == reference.snapshot
+    logged = messages(sweep_log)
+    assert "trials 0: finished, skipped" in logged
+    assert "trial 1: interrupted, will resume from its newest checkpoint, step 20" in logged
+    assert "trial 1: resumed from step 20" in logged
+
+
+def test_trial_of_a_dead_worker_on_this_host_is_adopted(here, reference, sweep_log):
+    study = make_study(here)
+    run_interrupted(study, number=2, step=20)
+    # A worker of this host that no longer exists, with a heartbeat that looks fresh: on the same
+    # host the process table decides, not the heartbeat.
+    key = forge_claim(study, 2, f"{claims.HOST}/999999999/0", time.time())
+    sweep_log.clear()
+
+    run(study)
+
+    t2 = trials(study)[2]
+    assert t2.number == 2 and t2.user_attrs["resumes"] == 1 and t2.user_attrs["resumed_from"] == [20]
+    assert snapshot(study) == reference.snapshot
+    assert key not in claim_rows(study)  # released once told
+    assert "trial 2: interrupted, will resume from its newest checkpoint, step 20" in messages(sweep_log)
+
+
+def test_trial_of_a_live_worker_is_left_alone_until_its_lease_expires(here, reference):
+    study = make_study(here, parallel={"lease_grace_seconds": 60})
+    run_interrupted(study, number=2, step=20)
+    before, on_disk = trials(study)[2], files(checkpoint_dir(study, 2))
+    parent = os.getppid()
+    live_owners = [
+        f"not-{claims.HOST}/1234/5678",  # another host, heartbeat within the grace
+        f"{claims.HOST}/{parent}/{claims._start_time(parent)}",  # a live process of this host
+    ]
+    for owner in live_owners:
+        key = forge_claim(study, 2, owner, time.time())
+        # Nothing to ask (3 trials exist) and nothing to adopt: it waits for the other worker, until the timeout.
+        run({**study, "timeout": 0.5})
+        after = trials(study)[2]
+        assert after.state == TrialState.RUNNING, owner
+        assert (after.params, after.intermediate_values, after.user_attrs) == (
+            before.params, before.intermediate_values, before.user_attrs), owner
+        assert files(checkpoint_dir(study, 2)) == on_disk, owner
+        assert claim_rows(study)[key][0] == owner
+
+    # The other host stopped renewing its claim longer ago than the grace: its trial is taken over.
+    forge_claim(study, 2, live_owners[0], time.time() - 61)
+    run(study)
+    t2 = trials(study)[2]
+    assert t2.user_attrs["resumes"] == 1 and t2.user_attrs["resumed_from"] == [20]
+    assert snapshot(study) == reference.snapshot
+
+
+@pytest.mark.xfail(strict=True, reason="contract ('What lands where'): a study folder moved or copied as a whole "
+                   "resumes from the checkpoints found at its new place and writes nothing at the old place; "
+                   "scheduler._run_claimed resumes from the absolute `checkpoint_dir` user attribute, i.e. the "
+                   "old folder")
+def test_copied_study_resumes_from_its_new_place(here, reference):
+    old = make_study(here / "old")
+    run_interrupted(old, number=1, step=20)
+    new = make_study(here / "new")
+    shutil.copytree(old["workdir"], new["workdir"])
+    old_files = files(Path(old["workdir"]))
+
+    run(new)
+
+    assert files(Path(old["workdir"])) == old_files  # nothing written at the old place
+    t1 = trials(new)[1]
+    assert t1.user_attrs["resumed_from"] == [20] and t1.user_attrs["checkpoint_dir"] == str(checkpoint_dir(new, 1))
+    assert saved_steps(checkpoint_dir(new, 1))[-1] == STEPS
+    assert snapshot(new) == reference.snapshot
+
+
+# --- retries, failures, timeout --------------------------------------------------------------------
+
+
+def _fault_at(number: int, step: int) -> Callable[[int, int], None]:
+    """An on_step that makes trial `number`'s evaluation at `step` raise, once (not saved: it resumes before)."""
+    fired = []
+
+    def on_step(n: int, s: int) -> None:
+        if (n, s) == (number, step) and not fired:
+            fired.append(s)
+            Path("fault").touch()
+
+    return on_step
+
+
+def test_trial_that_raises_is_retried_from_its_newest_checkpoint_under_its_number(
+        here, faulty_reference, sweep_log):
+    study = make_study(here, "sched_faulty", n_trials=2, max_retries=1)
+    run(study, on_step=_fault_at(0, 30))
+
+    t0, t1 = trials(study)
+    assert t0.state == TrialState.COMPLETE and t0.user_attrs["failures"] == 1
+    assert t0.user_attrs["resumed_from"] == [20]  # the newest checkpoint before the fault at step 30
+    assert "failures" not in t1.user_attrs
+    assert snapshot(study) == faulty_reference.snapshot  # every report once, the same bits
+    failed = [m for m in messages(sweep_log) if m.startswith("Trial 0 failed with parameters")]
+    assert len(failed) == 1 and "transient fault" in failed[0]
+    assert failed[0].endswith("Retrying (1 of 1) from its newest checkpoint.")
+
+
+def test_trial_that_raises_without_retries_fails_and_the_study_goes_on(here, faulty_reference, sweep_log):
+    study = make_study(here, "sched_faulty", n_trials=2)  # max_retries: 0 by default
+    run(study, on_step=_fault_at(0, 30))
+
+    t0, t1 = trials(study)
+    assert t0.state == TrialState.FAIL and t0.user_attrs["failures"] == 1
+    assert sorted(t0.intermediate_values) == [10, 20] and "resumed_from" not in t0.user_attrs
+    assert snapshot(study)[1] == faulty_reference.snapshot[1]  # the next trial as in a fault-free study
+    assert not [m for m in messages(sweep_log) if "Retrying" in m]
+
+    run(study)  # FAIL is finished: never trained again
+    assert [(t.number, t.state, t.user_attrs["failures"]) for t in trials(study)[:1]] == [(0, TrialState.FAIL, 1)]
+    assert len(trials(study)) == 2
+
+
+def test_nan_metric_fails_the_trial_at_once_without_retry(here, sweep_log):
+    study = make_study(here, "sched_faulty", n_trials=1, max_retries=1)
+    Path("nan").touch()
+    run(study)
+
+    (t0,) = trials(study)
+    assert t0.state == TrialState.FAIL and t0.user_attrs["failures"] == 1
+    assert t0.intermediate_values == {} and "resumed_from" not in t0.user_attrs  # a NaN is never reported
+    failed = [m for m in messages(sweep_log) if m.startswith("Trial 0 failed")]
+    assert len(failed) == 1 and "val_loss is nan at step 10 (non-finite)" in failed[0] and "Retrying" not in failed[0]
+
+
+def test_timeout_starts_no_new_trial_after_it_and_a_rerun_finishes_the_rest(here, reference):
+    study = make_study(here, timeout=1.0)
+    slept: list[int] = []
+
+    def slow_first_trial(n: int, s: int) -> None:
+        if n == 0 and not slept:  # trial 0 outlasts the timeout (a sleep, not a clock)
+            slept.append(s)
+            time.sleep(1.5)
+
+    run(study, on_step=slow_first_trial)
+    assert [(t.number, t.state) for t in trials(study)] == [(0, TrialState.COMPLETE)]  # finished, not cut off
+
+    run(study)  # a new invocation has its own timeout
+    assert snapshot(study) == reference.snapshot
