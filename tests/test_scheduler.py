@@ -16,8 +16,9 @@ import signal
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import jax
 import optuna
 import pytest
 import sqlalchemy as sa
@@ -29,10 +30,14 @@ from sweep.errors import Interrupted
 from sweep.session import Session
 from sweep.signals import StopSignal
 
-# The trial modules are imported once per process (module cache): one name per source text, and
-# names no other test file uses.
-_TRIAL_BODY = textwrap.dedent('''
+# The trial module is imported once per process (module cache): a name no other test file uses.
+# Marker files in the current directory steer its evaluation: `fault` makes the next one raise
+# (and is removed, so a retry succeeds), `nan` makes every one NaN. Without markers every study
+# computes the same, so a run with a fault compares bit for bit with the reference.
+TRIAL = "sched_linear"
+TRIAL_SOURCE = textwrap.dedent('''
     import os
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -68,59 +73,47 @@ _TRIAL_BODY = textwrap.dedent('''
 
     def loss(hp, params, batch, key):
         return _mse(params, *batch)
+
+
+    def _scale(_):
+        if os.path.exists("fault"):
+            os.remove("fault")
+            raise RuntimeError("transient fault")
+        return np.asarray(np.nan if os.path.exists("nan") else 1.0, np.float32)
+
+
+    def evaluate(hp, params, data):
+        scale = jax.pure_callback(_scale, jax.ShapeDtypeStruct((), jnp.float32), params["b"])
+        return {"val_loss": scale * _mse(params, data["x_val"], data["y_val"])}
 ''')
-TRIALS = {
-    "sched_linear": _TRIAL_BODY + textwrap.dedent('''
-
-        def evaluate(hp, params, data):
-            return {"val_loss": _mse(params, data["x_val"], data["y_val"])}
-    '''),
-    # Marker files in the current directory steer its evaluation: `fault` makes the next one raise
-    # (and is removed, so a retry succeeds), `nan` makes every one NaN. Without markers it is the
-    # same computation every time, so a faulty run can be compared bit for bit with a clean one.
-    "sched_faulty": _TRIAL_BODY + textwrap.dedent('''
-
-        def _scale(_):
-            if os.path.exists("fault"):
-                os.remove("fault")
-                raise RuntimeError("transient fault")
-            return np.asarray(np.nan if os.path.exists("nan") else 1.0, np.float32)
-
-
-        def evaluate(hp, params, data):
-            scale = jax.pure_callback(_scale, jax.ShapeDtypeStruct((), jnp.float32), params["b"])
-            return {"val_loss": scale * _mse(params, data["x_val"], data["y_val"])}
-    '''),
-}
 STEPS = 40
 
 
-def make_study(root: Path, trial: str = "sched_linear", **override: Any) -> dict[str, Any]:
-    """A study of 3 trials of 40 steps (evaluated and saved every 10) whose workdir is under root."""
+def make_study(root: Path, **override: Any) -> dict[str, Any]:
+    """A study of 3 trials of 40 steps (evaluated every 10, saved every 20) whose workdir is under root."""
     study = {
         "name": "sched",
-        "trial": trial,
+        "trial": TRIAL,
         "workdir": str(root / "runs"),
         "n_trials": 3,
         "objective": {"metric": "val_loss", "direction": "minimize"},
         "sampler": {"type": "tpe", "seed": 0},
         "search_space": {"learning_rate": {"type": "float", "low": 1.0e-3, "high": 0.3, "log": True}},
         "train": {"steps": STEPS, "eval_every": 10, "seed": 0},
-        "checkpoint": {"every_steps": 10, "keep_last": 2},
+        "checkpoint": {"every_steps": 20, "keep_last": 2},
     }
     study.update(override)
     return study
 
 
-def write_trials(root: Path) -> None:
-    for name, source in TRIALS.items():
-        (root / f"{name}.py").write_text(source)
+def write_trial(root: Path) -> None:
+    (root / f"{TRIAL}.py").write_text(TRIAL_SOURCE)
 
 
 @pytest.fixture
 def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """tmp_path as the current directory, with the trial modules in it (found there, as from the CLI)."""
-    write_trials(tmp_path)
+    """tmp_path as the current directory, with the trial module in it (found there, as from the CLI)."""
+    write_trial(tmp_path)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -138,7 +131,7 @@ def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def run(study: dict[str, Any], stop: StopSignal | None = None,
-        on_step: Callable[[int, int], None] | None = None) -> Session:
+        on_step: Callable[[int, int], None] | None = None) -> None:
     """`scheduler.run` of the study in this process; `on_step(number, step)` also sees every window."""
     session = Session(config_lib.from_dict(study))
     if on_step is not None:
@@ -153,7 +146,6 @@ def run(study: dict[str, Any], stop: StopSignal | None = None,
         scheduler.run(session, stop or StopSignal())
     finally:
         session.close()
-    return session
 
 
 def run_interrupted(study: dict[str, Any], number: int, step: int) -> None:
@@ -171,7 +163,8 @@ def run_interrupted(study: dict[str, Any], number: int, step: int) -> None:
 
 def trials(study: dict[str, Any]) -> list[FrozenTrial]:
     """The study's trials, read fresh from its storage, by number."""
-    storage = optuna.storages.RDBStorage(f"sqlite:///{study['workdir']}/study.db")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study['workdir']}/study.db", skip_compatibility_check=True,
+                                         skip_table_creation=True)
     try:
         found = optuna.load_study(study_name=study["name"], storage=storage).get_trials(deepcopy=True)
     finally:
@@ -224,31 +217,37 @@ def forge_claim(study: dict[str, Any], number: int, owner: str, heartbeat: float
     return key
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _jax_cache_config_restored() -> Iterator[None]:
+    """A study's run points JAX's process-wide persistent compilation cache at its workdir (with no
+    size or time threshold); later tests in this process must neither write there nor hit it."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches")
+    before = {name: getattr(jax.config, name) for name in names}
+    yield
+    compilation_cache.reset_cache()
+    for name, value in before.items():
+        jax.config.update(name, value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Reference:
     study: dict[str, Any]
     snapshot: list[tuple[Any, ...]]
 
 
-def _reference(root: Path, trial: str, **override: Any) -> Reference:
-    write_trials(root)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)
-        study = make_study(root, trial, **override)
-        run(study)
-    return Reference(study, snapshot(study))
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """An uninterrupted run of the 3-trial study, in a workdir of its own."""
-    return _reference(tmp_path_factory.mktemp("reference"), "sched_linear")
-
-
-@pytest.fixture(scope="module")
-def faulty_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    """An uninterrupted, fault-free run of the faulty trial (2 trials)."""
-    return _reference(tmp_path_factory.mktemp("faulty_reference"), "sched_faulty", n_trials=2)
+    root = tmp_path_factory.mktemp("reference")
+    write_trial(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        study = make_study(root)
+        run(study)
+    return Reference(study, snapshot(study))
 
 
 # --- skip and ask ----------------------------------------------------------------------------------
@@ -332,7 +331,7 @@ def test_trial_of_a_dead_worker_on_this_host_is_adopted(here, reference, sweep_l
     key = forge_claim(study, 2, f"{claims.HOST}/999999999/0", time.time())
     sweep_log.clear()
 
-    run(study)
+    run({**study, "timeout": 30})  # bounded: a scheduler that waited for the dead owner would return
 
     t2 = trials(study)[2]
     assert t2.number == 2 and t2.user_attrs["resumes"] == 1 and t2.user_attrs["resumed_from"] == [20]
@@ -348,7 +347,7 @@ def test_trial_of_a_live_worker_is_left_alone_until_its_lease_expires(here, refe
     parent = os.getppid()
     live_owners = [
         f"not-{claims.HOST}/1234/5678",  # another host, heartbeat within the grace
-        f"{claims.HOST}/{parent}/{claims._start_time(parent)}",  # a live process of this host
+        f"{claims.HOST}/{parent}/{claims._start_time(parent)}",  # a live process of this host (owner format)
     ]
     for owner in live_owners:
         key = forge_claim(study, 2, owner, time.time())
@@ -363,7 +362,7 @@ def test_trial_of_a_live_worker_is_left_alone_until_its_lease_expires(here, refe
 
     # The other host stopped renewing its claim longer ago than the grace: its trial is taken over.
     forge_claim(study, 2, live_owners[0], time.time() - 61)
-    run(study)
+    run({**study, "timeout": 30})  # bounded, as above
     t2 = trials(study)[2]
     assert t2.user_attrs["resumes"] == 1 and t2.user_attrs["resumed_from"] == [20]
     assert snapshot(study) == reference.snapshot
@@ -405,37 +404,38 @@ def _fault_at(number: int, step: int) -> Callable[[int, int], None]:
 
 
 def test_trial_that_raises_is_retried_from_its_newest_checkpoint_under_its_number(
-        here, faulty_reference, sweep_log):
-    study = make_study(here, "sched_faulty", n_trials=2, max_retries=1)
+        here, reference, sweep_log):
+    study = make_study(here, n_trials=1, max_retries=1)
     run(study, on_step=_fault_at(0, 30))
 
-    t0, t1 = trials(study)
+    (t0,) = trials(study)
     assert t0.state == TrialState.COMPLETE and t0.user_attrs["failures"] == 1
     assert t0.user_attrs["resumed_from"] == [20]  # the newest checkpoint before the fault at step 30
-    assert "failures" not in t1.user_attrs
-    assert snapshot(study) == faulty_reference.snapshot  # every report once, the same bits
+    assert t0.user_attrs["resumes"] == 0  # a retry is not a resume after an interruption
+    assert snapshot(study) == reference.snapshot[:1]  # every report once, the same bits
     failed = [m for m in messages(sweep_log) if m.startswith("Trial 0 failed with parameters")]
     assert len(failed) == 1 and "transient fault" in failed[0]
     assert failed[0].endswith("Retrying (1 of 1) from its newest checkpoint.")
 
 
-def test_trial_that_raises_without_retries_fails_and_the_study_goes_on(here, faulty_reference, sweep_log):
-    study = make_study(here, "sched_faulty", n_trials=2)  # max_retries: 0 by default
+def test_trial_that_raises_without_retries_fails_and_the_study_goes_on(here, reference, sweep_log):
+    study = make_study(here, n_trials=2)  # max_retries: 0 by default
     run(study, on_step=_fault_at(0, 30))
 
     t0, t1 = trials(study)
     assert t0.state == TrialState.FAIL and t0.user_attrs["failures"] == 1
     assert sorted(t0.intermediate_values) == [10, 20] and "resumed_from" not in t0.user_attrs
-    assert snapshot(study)[1] == faulty_reference.snapshot[1]  # the next trial as in a fault-free study
+    assert snapshot(study)[1] == reference.snapshot[1]  # the next trial as in a fault-free study
     assert not [m for m in messages(sweep_log) if "Retrying" in m]
+    done, on_disk = snapshot(study), files(checkpoint_dir(study, 0))
 
-    run(study)  # FAIL is finished: never trained again
-    assert [(t.number, t.state, t.user_attrs["failures"]) for t in trials(study)[:1]] == [(0, TrialState.FAIL, 1)]
-    assert len(trials(study)) == 2
+    run(study)  # FAIL is finished: never trained again, no retry charged
+    assert snapshot(study) == done and trials(study)[0].user_attrs["failures"] == 1
+    assert files(checkpoint_dir(study, 0)) == on_disk
 
 
 def test_nan_metric_fails_the_trial_at_once_without_retry(here, sweep_log):
-    study = make_study(here, "sched_faulty", n_trials=1, max_retries=1)
+    study = make_study(here, n_trials=1, max_retries=1)
     Path("nan").touch()
     run(study)
 
@@ -447,16 +447,18 @@ def test_nan_metric_fails_the_trial_at_once_without_retry(here, sweep_log):
 
 
 def test_timeout_starts_no_new_trial_after_it_and_a_rerun_finishes_the_rest(here, reference):
-    study = make_study(here, timeout=1.0)
+    study = make_study(here, timeout=2.0)
     slept: list[int] = []
 
     def slow_first_trial(n: int, s: int) -> None:
-        if n == 0 and not slept:  # trial 0 outlasts the timeout (a sleep, not a clock)
+        # The timeout counts from before trial 0 started: sleeping that long in it outlasts the timeout.
+        if n == 0 and not slept:
             slept.append(s)
-            time.sleep(1.5)
+            time.sleep(2.1)
 
     run(study, on_step=slow_first_trial)
     assert [(t.number, t.state) for t in trials(study)] == [(0, TrialState.COMPLETE)]  # finished, not cut off
 
-    run(study)  # a new invocation has its own timeout
+    del study["timeout"]  # a key that steers the run: it may change between runs
+    run(study)
     assert snapshot(study) == reference.snapshot
