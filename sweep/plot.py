@@ -16,7 +16,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_of_reports
+from sweep.best import best_of_reports, history
 from sweep.checkpoints import kept_steps
 from sweep.config import Config
 from sweep.errors import SweepError
@@ -115,9 +115,14 @@ def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
     styles = {"checkpoint": ("s", "tab:green", "kept checkpoint"), "best": ("*", "tab:red", "best step"),
               "resumed": ("v", "tab:purple", "resumed from")}
 
+    kept = history(t)  # every metric per evaluation; the training loss beside the validation curve
+    train_steps = [s for s in sorted(kept) if "train_loss" in kept[s]]
+    train_loss = [kept[s]["train_loss"] for s in train_steps]
     with plt.style.context("ggplot"):  # the style of Optuna's matplotlib figures beside it
         fig, ax = plt.subplots(figsize=(7, 3.6))
         ax.plot(steps, values, color="tab:blue", lw=1.5, label=metric)
+        if train_steps:
+            ax.plot(train_steps, train_loss, color="tab:orange", lw=1.2, ls="--", label="train_loss (mean)")
         for kind, at in marks.items():
             marker, color, label = styles[kind]
             if at:
@@ -132,6 +137,10 @@ def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
         png = _save_png(fig, out / f"trial_{t.number:04d}.png")
 
     figure = go.Figure(go.Scatter(x=steps, y=values, mode="lines", name=metric))
+    for name in sorted({k for m in kept.values() for k in m} - {metric}):  # every other metric, togglable
+        at = [s for s in sorted(kept) if name in kept[s]]
+        figure.add_trace(go.Scatter(x=at, y=[kept[s][name] for s in at], mode="lines", name=name,
+                                    visible=True if name == "train_loss" else "legendonly"))
     for kind, at in marks.items():
         marker, color, label = styles[kind]
         symbol = {"s": "square", "*": "star", "v": "triangle-down"}[marker]

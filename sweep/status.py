@@ -58,13 +58,17 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     complete = [t for t in status["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
     best = min(complete, key=lambda t: sign(status["direction"]) * t["value"])["number"] if complete else None
     names = sorted({k for t in status["trials"] for k in t["params"]})
-    head = ["", "number", "state", *names, status["metric"], "best_step", "last_step", "resumes", "ckpt_age"]
+    # The other metrics at the best step (the objective's column is best_value).
+    extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
+    head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "ckpt_age"]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
         mtime = newest_mtime(t["checkpoint_dir"]) if t["checkpoint_dir"] else None
+        metrics = t.get("metrics") or {}
         rows.append(["*" if t["number"] == best else "", str(t["number"]), t["state"],
-                     *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]), _fmt(t["best_step"]),
+                     *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
+                     *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _age(now - mtime) if mtime else "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
