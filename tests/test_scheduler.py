@@ -175,7 +175,8 @@ def trials(study: dict[str, Any]) -> list[FrozenTrial]:
 def snapshot(study: dict[str, Any]) -> list[tuple[Any, ...]]:
     """Everything that must be bit-identical between an interrupted and an uninterrupted study."""
     return [(t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
-             t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"))
+             t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"),
+             t.user_attrs.get("metrics"))
             for t in trials(study)]
 
 
@@ -256,7 +257,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
 def test_run_of_a_finished_study_trains_nothing(reference, sweep_log):
     study = reference.study
     assert [(t[0], t[1]) for t in reference.snapshot] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE")]
-    for number, _, _, value, reports, best_step, best_value, last_step in reference.snapshot:
+    for number, _, _, value, reports, best_step, best_value, last_step, _ in reference.snapshot:
         # A trial's value is its best evaluation, and its best and last steps are on disk.
         assert list(reports) == [10, 20, 30, 40] and last_step == STEPS
         assert value == best_value == reports[best_step] == min(reports.values())
