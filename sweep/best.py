@@ -22,6 +22,13 @@ TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, 
 EVAL_ATTR_PREFIX = "eval:"
 
 
+def checkpoint_folder(config: Config, trial: FrozenTrial) -> Path | None:
+    """Where trial `trial`'s checkpoints are now: under the study's workdir, wherever the study was
+    moved or copied to (the `checkpoint_dir` attribute says where it ran last); None for a trial
+    sweep did not run."""
+    return config.checkpoint_dir(trial.number) if "checkpoint_dir" in trial.user_attrs else None
+
+
 def eval_attr(step: int) -> str:
     return f"{EVAL_ATTR_PREFIX}{step}"
 
@@ -89,7 +96,7 @@ def best_state(config: Config, trial: FrozenTrial) -> BestState:
     from sweep.state import initial_state, trial_checkpoints  # the template the state was saved from
 
     step, value = best_step(trial, config.study.objective.direction)
-    directory = trial.user_attrs.get("checkpoint_dir")
+    directory = checkpoint_folder(config, trial)
     if directory is None:
         raise SweepError(f"trial {trial.number} has no checkpoint_dir attribute: it was not run by sweep")
     fresh = initial_state(config, trial.number, config.hyperparameters(trial.params))

@@ -22,7 +22,8 @@ def flatten(params: Any, prefix: str = "") -> dict[str, np.ndarray]:
         if isinstance(value, Mapping):
             out.update(flatten(value, name + "/"))
         else:
-            out[name] = np.ascontiguousarray(value)
+            # np.ascontiguousarray would make a 0-d array (a scalar param) 1-d
+            out[name] = np.array(value, order="C", copy=True)
     return out
 
 

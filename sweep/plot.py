@@ -16,7 +16,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_of_reports, history
+from sweep.best import best_of_reports, checkpoint_folder, history
 from sweep.checkpoints import kept_steps
 from sweep.config import Config
 from sweep.errors import SweepError
@@ -94,7 +94,7 @@ def markers(config: Config, t: FrozenTrial) -> dict[str, list[int]]:
     best = t.user_attrs.get("best_step")
     if best is None:
         best = (best_of_reports(reports, config.study.objective.direction) or (None, None))[0]
-    ckpt_dir = t.user_attrs.get("checkpoint_dir")
+    ckpt_dir = checkpoint_folder(config, t)
     return {
         "checkpoint": [s for s in kept_steps(ckpt_dir) if s in reports] if ckpt_dir else [],
         "best": [best] if best is not None else [],

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from sweep.best import best_of_reports
+from sweep.best import best_of_reports, checkpoint_folder
 from sweep.checkpoints import newest_mtime
 from sweep.session import FINISHED, Session
 
@@ -108,7 +108,8 @@ class Monitor:
             t0, s0 = seen
         rate = (step - s0) / (now - t0) if step > s0 and now > t0 else None
         best = best_of_reports(reports, self.config.study.objective.direction)
-        mtime = newest_mtime(t.user_attrs["checkpoint_dir"]) if "checkpoint_dir" in t.user_attrs else None
+        folder = checkpoint_folder(self.config, t)
+        mtime = newest_mtime(folder) if folder is not None else None
         return TrialLine(
             number=t.number, step=step, total=self.config.study.train.steps,
             value=reports[max(reports)] if reports else None,

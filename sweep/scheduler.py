@@ -95,8 +95,11 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         trial = session.handle(claimed.number)
         if claimed.adopted:
             trial.set_user_attr("resumes", int(frozen.user_attrs.get("resumes", 0)) + 1)
-        ckpt_dir = frozen.user_attrs.get("checkpoint_dir") or str(config.checkpoint_dir(claimed.number))
-        if "checkpoint_dir" not in frozen.user_attrs:  # killed between ask and set_user_attr
+        # Resolved from the workdir, not the attribute: a study folder moved or copied as a whole
+        # resumes from its new place and writes nothing at the old one. The attribute (for Optuna
+        # readers) is set anew wherever it differs, also for a trial killed between ask and set.
+        ckpt_dir = str(config.checkpoint_dir(claimed.number))
+        if frozen.user_attrs.get("checkpoint_dir") != ckpt_dir:
             trial.set_user_attr("checkpoint_dir", ckpt_dir)
         params = suggest_all(config, trial)
         if not claimed.adopted:
@@ -168,7 +171,7 @@ def _log_start(session: Session) -> None:
     live = session.live_numbers(running)
     for t in running:
         if t.number not in live:
-            step = newest_step(t.user_attrs.get("checkpoint_dir", ""))
+            step = newest_step(session.config.checkpoint_dir(t.number))
             where = f"its newest checkpoint, step {step}" if step is not None else "step 0 (no checkpoint yet)"
             log.info("trial %d: interrupted, will resume from %s", t.number, where)
 

@@ -24,15 +24,21 @@ class StopSignal:
         self.signum: int | None = None
         self.grace_seconds = grace_seconds
         self._previous: dict[int, Any] = {}
+        self._timers: list[threading.Timer] = []
 
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def restore(self) -> None:
+        """Give back the previous handlers; cancel the grace timer of a signal already handled (the
+        run is over: a Python caller that catches `Interrupted` goes on living)."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
@@ -46,6 +52,7 @@ class StopSignal:
         timer = threading.Timer(self.grace_seconds, self._expire, args=(signum,))
         timer.daemon = True
         timer.start()
+        self._timers.append(timer)
 
     def _expire(self, signum: int) -> None:
         log.error("grace period of %g s is over: exiting without a final checkpoint", self.grace_seconds)

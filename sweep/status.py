@@ -7,7 +7,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_of_reports, metrics_at
+from sweep.best import best_of_reports, checkpoint_folder, metrics_at
 from sweep.checkpoints import newest_mtime
 from sweep.config import sign
 from sweep.session import Session
@@ -19,13 +19,14 @@ def collect(session: Session) -> dict[str, Any]:
     trials = session.trials()
     live = session.live_numbers(trials)
     direction = config.study.objective.direction
+    folders = {t.number: checkpoint_folder(config, t) for t in trials}
     return {
         "study": config.name,
         "storage": config.storage,
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,
-        "trials": [_entry(t, live, direction) for t in trials],
+        "trials": [_entry(t, live, direction, folders[t.number]) for t in trials],
     }
 
 
@@ -35,7 +36,7 @@ def _state(t: FrozenTrial, live: set[int]) -> str:
     return t.state.name
 
 
-def _entry(t: FrozenTrial, live: set[int], direction: str) -> dict[str, Any]:
+def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any) -> dict[str, Any]:
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
@@ -47,7 +48,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str) -> dict[str, Any]:
         "best_step": attrs.get("best_step", best_step),
         "best_value": attrs.get("best_value", best_value),
         "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
-        "checkpoint_dir": attrs.get("checkpoint_dir"),
+        "checkpoint_dir": str(folder) if folder is not None else None,  # where it is now
         "resumes": int(attrs.get("resumes", 0)),
         "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step)),
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 
-from sweep.best import best_test_metrics
+from sweep.best import best_test_metrics, checkpoint_folder
 from sweep.session import Session
 
 
@@ -25,7 +25,7 @@ def text(session: Session) -> str:
     metric = config.study.objective.metric
     lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
     lines.append(f"params: {best.params}")
-    lines.append(f"checkpoints: {best.user_attrs.get('checkpoint_dir')}")
+    lines.append(f"checkpoints: {checkpoint_folder(config, best)}")
     test = best_test_metrics(session)
     if test is not None:
         scores = ", ".join(f"{k}={v!r}" for k, v in sorted(test["metrics"].items()))

@@ -241,8 +241,7 @@ def test_load_best_restores_the_best_checkpoint_of_the_best_trial(finished):
     assert (best.step, best.value) == (best_trial["best_step"], best_trial["best_value"])
     assert int(best.state["step"]) == best.step and best.hyperparameters == meta["hyperparameters"]
     assert set(best.params) == set(exported)
-    # ravel: the export gives the scalar "b" a shape of (1,) (see the xfail test below)
-    assert all(np.array_equal(np.ravel(best.params[k]), np.ravel(exported[k])) for k in exported)
+    assert all(np.array_equal(best.params[k], exported[k]) for k in exported)
     hp, module = best.hyperparameters, best.trial_module
     metrics = jax.jit(lambda p: module.evaluate(hp, p, module.data(hp)))(best.params)
     # The state the best step's metrics were measured on.
@@ -260,9 +259,6 @@ def test_open_a_study_file_is_the_same_study_as_its_dict(finished, monkeypatch):
     assert sweep.load_best(path).number == min(finished.status["trials"], key=lambda t: t["best_value"])["number"]
 
 
-@pytest.mark.xfail(strict=True, reason="export_format.flatten stores every leaf as np.ascontiguousarray(value), "
-                   "which returns at least 1-d arrays: a scalar param (the README's own my_trial.py has "
-                   "b = jnp.zeros(())) is exported with shape (1,), not its checkpoint's shape ()")
 def test_export_keeps_the_shape_of_scalar_params(finished):
     exported, _ = sweep.load_export(finished.export)
     with sweep.open(finished.study) as session:
@@ -400,10 +396,6 @@ def test_interrupted_run_restores_signal_handlers_and_leaves_the_trial_resumable
     assert handlers() == before
 
 
-@pytest.mark.xfail(strict=True, reason="StopSignal._handle starts a grace-period threading.Timer that nothing "
-                   "cancels: after StudySession.run() raised Interrupted (and restored the handlers), the timer "
-                   "still calls os._exit(128 + signum) grace_seconds later, killing the calling Python process "
-                   "(e.g. a notebook kernel 20 s after a Ctrl-C)")
 def test_interrupted_run_leaves_no_grace_timer_behind(tmp_path, monkeypatch, grace_timers):
     monkeypatch.chdir(tmp_path)
     study = make_study(tmp_path, n_trials=1, checkpoint={"every_steps": 20, "grace_seconds": 600})

@@ -369,10 +369,6 @@ def test_trial_of_a_live_worker_is_left_alone_until_its_lease_expires(here, refe
     assert snapshot(study) == reference.snapshot
 
 
-@pytest.mark.xfail(strict=True, reason="contract ('What lands where'): a study folder moved or copied as a whole "
-                   "resumes from the checkpoints found at its new place and writes nothing at the old place; "
-                   "scheduler._run_claimed resumes from the absolute `checkpoint_dir` user attribute, i.e. the "
-                   "old folder")
 def test_copied_study_resumes_from_its_new_place(here, reference):
     old = make_study(here / "old")
     run_interrupted(old, number=1, step=20)
