@@ -45,9 +45,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from sweep import api, workers
 
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
+    from sweep.summary import no_complete_trial
+
     with api.open(args.study_file) as session:
         session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every)
         print(session.summary())
+        if session.best_trial() is None:  # the contract: exit 0 needs a COMPLETE trial
+            raise SweepError(no_complete_trial(session) or "no trial completed")
     return 0
 
 

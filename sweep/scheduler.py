@@ -146,6 +146,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         except Exception as exc:  # a trial that raises fails alone; the study goes on
             failures += 1
             trial.set_user_attr("failures", failures)
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
             retry = failures <= config.study.max_retries and not isinstance(exc, NonFiniteMetric)
             log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", number,
                       params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."

@@ -20,7 +20,7 @@ def text(session: Session) -> str:
              f"{counts[TrialState.FAIL]} failed)"]
     best = session.best_trial()
     if best is None:
-        lines.append("no trial completed yet")
+        lines.append(no_complete_trial(session) or "no trial completed yet")
         return "\n".join(lines)
     metric = config.study.objective.metric
     lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
@@ -31,3 +31,22 @@ def text(session: Session) -> str:
         scores = ", ".join(f"{k}={v!r}" for k, v in sorted(test["metrics"].items()))
         lines.append(f"test (trial {test['trial']}, best checkpoint step {test['step']}): {scores}")
     return "\n".join(lines)
+
+
+def no_complete_trial(session: Session) -> str | None:
+    """"no trial completed: N failed, M pruned" and the most common failure, when the study has
+    finished trials but none COMPLETE; None otherwise (there is a COMPLETE trial, or none finished)."""
+    import collections
+
+    states = collections.Counter(session.trial_states().values())
+    if states[TrialState.COMPLETE] or not (states[TrialState.FAIL] or states[TrialState.PRUNED]):
+        return None
+    line = f"no trial completed: {states[TrialState.FAIL]} failed, {states[TrialState.PRUNED]} pruned"
+    # Grouped by exception type (messages name their trial); the first trial's message shown.
+    errors = [t.user_attrs["error"] for t in session.trials((TrialState.FAIL,)) if "error" in t.user_attrs]
+    kinds = collections.Counter(e.partition(":")[0] for e in errors)
+    if kinds:
+        kind, count = kinds.most_common(1)[0]
+        example = next(e for e in errors if e.partition(":")[0] == kind)
+        line += f"; most common failure ({count} of {states[TrialState.FAIL]}): {example}"
+    return line

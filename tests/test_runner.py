@@ -60,6 +60,23 @@ def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_st
     assert again.returncode == 0 and "trials 0-2: finished, skipped" in again.stderr
 
 
+DIVERGING_TRIAL = FLAKY_TRIAL.replace('return optax.sgd(hp["learning_rate"])', 'return optax.sgd(1e30)')
+
+
+def test_study_whose_trials_all_fail_exits_1_and_says_why(write_study):
+    # A diverging learning rate: the training loss is non-finite within the first window.
+    study = write_study(trial="diverging_trial", n_trials=2, sampler={"type": "random", "seed": 0},
+                        pruner={"type": "none"}, fixed={}, train={"steps": 100, "eval_every": 50},
+                        search_space={"learning_rate": {"type": "float", "low": 0.1, "high": 1.0}})
+    (study.parent / "diverging_trial.py").write_text(DIVERGING_TRIAL)
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 1, result.stderr
+    assert "error: no trial completed: 2 failed, 0 pruned; most common failure (2 of 2): NonFiniteMetric" \
+        in result.stderr
+    assert "the training loss is" in result.stderr and "Traceback" not in result.stderr
+    assert [t.state.name for t in study_of(study).trials] == ["FAIL", "FAIL"]
+
+
 def test_sigint_checkpoints_and_exits_130_resumable(write_study):
     study = write_study(n_trials=2, train={"steps": 3000})
     proc = Running("run", study, cwd=study.parent)
