@@ -1,4 +1,8 @@
-"""Issue 11: per-step cost of the real-code trials inside sweep vs the same step written by hand.
+"""Issues 11 and 19: per-step cost of trials inside sweep vs the same step written by hand.
+
+Trials: the real-code ones (linen ResNet with BatchNorm, NNX CNN), and the digits MLP at two
+sizes: the example (~30 us a step) and a wide one (tens of ms a step), where window boundaries
+used to leave the device idle.
 
 Side "sweep": the runner's training loop (`runner.run_trial`) over `--steps` steps of one trial,
 one evaluation at the end, periodic saves off (only the final save), warm (its compiled window
@@ -27,12 +31,16 @@ import optax
 
 from sweep import runner
 from sweep.checkpoints import host_copy
+from sweep.kinds import takes_step
 from sweep.signals import StopSignal
 from sweep.state import initial_state, run_hyperparameters, trial_checkpoints
 
 TRIALS = {
     "digits_resnet": ("studies/digits_resnet.yaml", {"learning_rate": 0.01, "weight_decay": 1e-4, "width": 8}),
     "digits_nnx": ("studies/digits_nnx.yaml", {"learning_rate": 0.01, "dropout": 0.2, "hidden": 32}),
+    "digits_mlp": ("studies/digits_mlp.yaml", {"learning_rate": 0.005, "hidden": 112, "optimizer": "adam"}),
+    "digits_mlp_wide": ("studies/digits_mlp.yaml", {"learning_rate": 0.005, "hidden": 2048, "optimizer": "adam",
+                                                    "depth": 3, "batch_size": 512}),
 }
 
 
@@ -56,7 +64,10 @@ def _hand_loop(config, hp, fresh):
         def body(step, carry):
             params, opt_state, model_state = carry
             batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
-            batch = module.batch(run_hp, data, jax.random.fold_in(rng, 1), step)
+            if takes_step(module.batch):
+                batch = module.batch(run_hp, data, jax.random.fold_in(rng, 1), step)
+            else:
+                batch = module.batch(run_hp, data, batch_key)
             (loss, model_state), grads = jax.value_and_grad(
                 lambda p: kind.loss(module, run_hp, p, model_state, batch, loss_key), has_aux=True)(params)
             updates, opt_state = tx.update(grads, opt_state, params)
@@ -82,14 +93,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", default=",".join(TRIALS), help="comma-separated, of: " + ", ".join(TRIALS))
+    ap.add_argument("--wide-steps", type=int, default=40, help="steps of digits_mlp_wide (its steps are slow)")
     args = ap.parse_args()
     harness.quiet()
-    for name, (study, params) in TRIALS.items():
+    for name in args.trials.split(","):
+        study, params = TRIALS[name]
         with tempfile.TemporaryDirectory() as tmp:
-            n = args.steps
+            n = args.wide_steps if name == "digits_mlp_wide" else args.steps
             configs = {k: harness.example(Path(tmp), study, train={"steps": k, "eval_every": k},
                                           checkpoint={"every_steps": None, "every_seconds": 1e9}) for k in (n, 2 * n)}
-            hp = configs[n].hyperparameters(params)
+            hp = configs[n].hyperparameters({k: v for k, v in params.items()
+                                             if k in configs[n].study.search_space})
+            hp.update({k: v for k, v in params.items() if k not in configs[n].study.search_space})
             fresh = {k: initial_state(c, 0, hp) for k, c in configs.items()}
             hand = {k: _hand_loop(c, hp, fresh[k]) for k, c in configs.items()}
             counter = iter(range(10**6))

@@ -48,7 +48,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from sweep.summary import no_complete_trial
 
     with api.open(args.study_file) as session:
-        session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every)
+        session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
+                    _exit_on_signal=True)
         print(session.summary())
         if session.best_trial() is None:  # the contract: exit 0 needs a COMPLETE trial
             raise SweepError(no_complete_trial(session) or "no trial completed")

@@ -32,7 +32,7 @@ class StudySession(Session):
         self.close()
 
     def run(self, n_jobs: int | None = None, *, quiet: bool = False, verbose: bool = False,
-            progress: bool = True, log_every: float = 30.0) -> dict[str, Any]:
+            progress: bool = True, log_every: float = 30.0, _exit_on_signal: bool = False) -> dict[str, Any]:
         """Start the study, or resume it after any interruption, until `n_trials` are finished.
 
         Args:
@@ -61,7 +61,7 @@ class StudySession(Session):
             raise UsageError(f"log_every: must be > 0, got {log_every}")
         check_config(config)
         logs.setup(quiet, verbose)
-        stop = StopSignal(config.study.checkpoint.grace_seconds)
+        stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=_exit_on_signal)
         if threading.current_thread() is threading.main_thread():
             stop.install()  # elsewhere a Python signal handler cannot be set; the caller stops it
         try:

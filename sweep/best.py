@@ -20,6 +20,7 @@ TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, 
 # Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
 # curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
 EVAL_ATTR_PREFIX = "eval:"
+TRAIN_LOSS = "train_loss"  # beside the declared metrics in each eval:<step>: the mean training loss
 
 
 def checkpoint_folder(config: Config, trial: FrozenTrial) -> Path | None:
@@ -39,12 +40,23 @@ def history(trial: FrozenTrial) -> dict[int, dict[str, float]]:
             if k.startswith(EVAL_ATTR_PREFIX) and isinstance(v, dict)}
 
 
-def metrics_at(trial: FrozenTrial, step: int | None) -> dict[str, float] | None:
-    """Every metric recorded at `step` (the objective from the reports if nothing more was kept)."""
+def metrics_at(trial: FrozenTrial, step: int | None, metric: str | None = None) -> dict[str, float] | None:
+    """Every declared metric recorded at `step`; for a trial recorded before they were kept, the
+    objective `metric` alone from its reports (None if `metric` is not given or not reported)."""
     if step is None:
         return None
     found = trial.user_attrs.get(eval_attr(step))
-    return dict(found) if isinstance(found, dict) else None
+    if isinstance(found, dict):
+        return {k: v for k, v in found.items() if k != TRAIN_LOSS}
+    if metric is not None and step in trial.intermediate_values:
+        return {metric: trial.intermediate_values[step]}
+    return None
+
+
+def train_loss_at(trial: FrozenTrial, step: int | None) -> float | None:
+    """The mean training loss of the evaluation interval ending at `step`, if recorded."""
+    found = trial.user_attrs.get(eval_attr(step)) if step is not None else None
+    return found.get(TRAIN_LOSS) if isinstance(found, dict) else None
 
 
 def best_of_reports(values: Mapping[int, float], direction: str | int) -> tuple[int, float] | None:
@@ -185,14 +197,17 @@ def load_best(study_file: str | os.PathLike[str], trial: int | None = None) -> L
 
 def load_trial(session: Session, trial: int | None = None) -> LoadedTrial:
     """`load_best` of an (opened or not) session."""
+    from sweep.state import run_hyperparameters
+
     config = session.open(create=False).config
     frozen = _pick(session, trial)
     restored = best_state(config, frozen)
     hp = config.hyperparameters(frozen.params)
     state = restored.state
-    model = restored.kind.model(config.trial_module, hp, state["params"], state.get("model_state", {}))
+    model = restored.kind.model(config.trial_module, run_hyperparameters(config, hp), state["params"],
+                                state.get("model_state", {}))
     return LoadedTrial(frozen.number, restored.step, restored.value, hp, state, model, config.trial_module,
-                       restored.variables(), metrics_at(frozen, restored.step))
+                       restored.variables(), metrics_at(frozen, restored.step, config.study.objective.metric))
 
 
 def _pick(session: Session, number: int | None) -> FrozenTrial:

@@ -141,9 +141,13 @@ class Claims:
         return {r.key: r.owner for r in rows if owner_alive(r.owner, r.heartbeat, now, self.grace)}
 
     def start_heartbeat(self) -> None:
-        """Renew this process's claims so workers on other hosts see them alive."""
+        """Renew this process's claims so workers on other hosts see them alive (again after a
+        `stop_heartbeat`: a session may run several times)."""
+        self.stop_heartbeat()
+        stop = self._stop = threading.Event()
+
         def beat() -> None:
-            while not self._stop.wait(min(HEARTBEAT_S, self.grace / 4)):
+            while not stop.wait(min(HEARTBEAT_S, self.grace / 4)):
                 try:
                     with self.engine.begin() as conn:
                         conn.execute(claims_table.update().where(claims_table.c.owner == self.owner)
@@ -156,6 +160,9 @@ class Claims:
 
     def stop_heartbeat(self) -> None:
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
 
 
 def trial_key(study_id: int, number: int) -> str:

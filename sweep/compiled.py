@@ -43,6 +43,11 @@ def replicated(devices: int) -> Any:
     return jax.sharding.NamedSharding(mesh(devices), jax.sharding.PartitionSpec())
 
 
+def placement(devices: int) -> Any:
+    """Where a trial's state and data live: the first device, or replicated over `devices`."""
+    return replicated(devices) if devices > 1 else jax.devices()[0]
+
+
 def _split_batch(batch: Any, devices: int) -> Any:
     """Shard every array of a batch along its leading axis over the mesh (data parallelism).
 
@@ -143,7 +148,12 @@ class FunctionCache:
         """
         kind = kind or PlainKind()
         static = {k: v for k, v in hp.items() if k not in traced}
-        key = (*self._module_key(module), repr(sorted(static.items())), traced, devices, kind.static_key())
+        key: tuple[Any, ...] = (*self._module_key(module), repr(sorted(static.items())), traced, devices,
+                                kind.static_key())
+        try:
+            hash(key)
+        except TypeError:  # an NNX module with an unhashable static attribute: no sharing
+            key = (*key[:-1], id(kind))
         with self._lock:
             if key in self._functions:
                 self._functions.move_to_end(key)
@@ -208,7 +218,7 @@ class Functions:
         self.module, self.hp, self.traced, self.devices, self.cache = module, hp, traced, devices, cache
         self.kind = kind or PlainKind()
         self.cap = 1  # steps in the next window at most; the first one includes the compilation
-        self._timed = False
+        self._timed: float | bool = False  # completion time of the previous window; False: not yet
 
     def _call(self, fn_name: str, *args: Any) -> Any:
         static = self.cache.static_names(self.module, fn_name)
@@ -217,38 +227,72 @@ class Functions:
         try:
             return fn(*args, {k: self.hp[k] for k in traced})
         except _TRACE_ERRORS as exc:
-            culprits = _culprits(exc, traced)
-            if not traced or not self.cache.mark_static(self.module, fn_name, culprits):
+            culprits = _culprits(exc, traced) if _TRACED_ARG.search(str(exc)) else self._probe(fn_name, traced, args)
+            if not traced or not culprits - static:
                 raise
+            self.cache.mark_static(self.module, fn_name, culprits)
             log.info("%s: %s uses hyperparameter(s) %s as a Python value (%s), so each value compiles its "
                      "own program; write it with jnp operations (e.g. jnp.where) to share one program",
                      self.module.__name__, "training" if fn_name == "window" else "evaluate",
                      ", ".join(sorted(culprits)), type(exc).__name__)
             return self._call(fn_name, *args)
 
+    def _probe(self, fn_name: str, traced: tuple[str, ...], args: tuple[Any, ...]) -> frozenset[str]:
+        """The traced names that fail to trace on their own (the others constants). Inside the
+        training loop's `fori_loop` JAX's message names no argument, so each is tried: a trace
+        (`jax.eval_shape`), no compile, per name."""
+        found = set()
+        for name in traced:
+            static = {k: v for k, v in self.hp.items() if k != name}
+            fn = getattr(_build(self.module, self.kind, static, self.devices), fn_name)
+            try:
+                jax.eval_shape(fn, *args, {name: self.hp[name]})
+            except _TRACE_ERRORS:
+                found.add(name)
+        return frozenset(found) or frozenset(traced)
+
     def evaluate(self, params: Any, model_state: Any, data: Any) -> Any:
         return self._call("evaluate", params, model_state, data)
 
+    def dispatch(self, params: Any, opt_state: Any, model_state: Any, loss_sum: Any, key: Any, data: Any,
+                 start: int, n: int) -> Any:
+        """Start the window over steps [start, start + n) and return at once (JAX's asynchronous
+        dispatch): (params, opt_state, model_state, loss_sum, last loss) as arrays still being
+        computed. The caller may dispatch the next window on them before this one is done."""
+        return self._call("window", params, opt_state, model_state, loss_sum, key, data, np.int32(start),
+                          np.int32(n))
+
+    def finish(self, out: Any, n: int) -> None:
+        """Wait for a dispatched window of `n` steps; windows grow to WINDOW_SECONDS of steps, timed
+        from the previous window's completion (the first window compiled, so it is not timed)."""
+        out[-1].block_until_ready()
+        now = time.perf_counter()
+        if self._timed is not False and self._timed is not True:
+            per_step = (now - self._timed) / n
+            self.cap = max(1, min(self.cap * 8, int(WINDOW_SECONDS / max(per_step, 1e-9))))
+        self._timed = now
+
+    def restart_timing(self) -> None:
+        """The device was idle (an evaluation, a save): time the next window from its dispatch."""
+        self._timed = time.perf_counter() if self._timed is not False else False
+
     def window(self, params: Any, opt_state: Any, model_state: Any, loss_sum: Any, key: Any, data: Any,
                start: int, n: int) -> Any:
-        t0 = time.perf_counter()
-        out = self._call("window", params, opt_state, model_state, loss_sum, key, data, np.int32(start),
-                         np.int32(n))
-        out[-1].block_until_ready()
-        # Windows grow to WINDOW_SECONDS of steps, timed after the first (which compiled).
-        if self._timed:
-            per_step = (time.perf_counter() - t0) / n
-            self.cap = max(1, min(self.cap * 8, int(WINDOW_SECONDS / max(per_step, 1e-9))))
-        self._timed = True
+        """`dispatch` then `finish`: one window, waited for."""
+        self.restart_timing()
+        out = self.dispatch(params, opt_state, model_state, loss_sum, key, data, start, n)
+        self.finish(out, n)
         return out
 
 
 # Executables this process needed ("requests"), and of those the ones the persistent cache served
-# ("cache_hits"); XLA compiled the rest. Counted from JAX's monitoring events, which are
-# process-wide; callers take differences of `COMPILES.copy()` snapshots around a trial.
+# ("cache_hits"); XLA compiled the rest, counted per function name too ("compiled:window"). From
+# JAX's monitoring events, which are process-wide; callers take differences of
+# `COMPILES.copy()` snapshots around a trial.
 COMPILES: collections.Counter[str] = collections.Counter()
 _LISTENING = threading.Event()
 _LISTEN_LOCK = threading.Lock()
+_HIT = threading.local()  # a cache hit seen by this thread, not yet attributed to a function
 
 
 def count_compilations() -> None:
@@ -261,20 +305,30 @@ def count_compilations() -> None:
         _LISTENING.set()
 
 
-def compilations(counts: collections.Counter[str] | None = None) -> int:
-    """XLA compilations in `counts` (default: this process so far)."""
+def compilations(counts: collections.Counter[str] | None = None, fun_name: str | None = None) -> int:
+    """XLA compilations in `counts` (default: this process so far), of `fun_name` if given."""
     counts = COMPILES if counts is None else counts
+    if fun_name is not None:
+        return counts[f"compiled:{fun_name}"]
     return counts["requests"] - counts["cache_hits"]
 
 
 def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":  # also timed around a cache hit
+    # JAX times each backend compile request around its persistent-cache lookup; a hit inside it
+    # is reported first (below), so what is not a hit was compiled.
+    if event == "/jax/core/compile/backend_compile_duration":
         COMPILES["requests"] += 1
+        if getattr(_HIT, "pending", False):
+            _HIT.pending = False
+        else:
+            COMPILES[f"compiled:{kwargs.get('fun_name', '?')}"] += 1
+            COMPILES["compile_seconds"] += duration_secs
 
 
 def _on_event(event: str, **kwargs: str | int) -> None:
     if event == "/jax/compilation_cache/cache_hits":
         COMPILES["cache_hits"] += 1
+        _HIT.pending = True
 
 
 def use_compilation_cache(directory: Path) -> None:

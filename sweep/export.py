@@ -13,7 +13,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.best import best_state, best_step, metrics_at
+from sweep.best import best_state, best_step, metrics_at, train_loss_at
 from sweep.errors import SweepError
 from sweep.export_format import flatten
 from sweep.session import Session
@@ -67,7 +67,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  "hyperparameters": config.hyperparameters(t.params), "params": t.params, "metric": metric,
                  "best_step": step, "best_value": value,
                  "last_step": t.user_attrs.get("last_step", max(t.intermediate_values, default=step)),
-                 "metrics": metrics_at(t, step) or {metric: value},
+                 "metrics": metrics_at(t, step, metric) or {metric: value},
+                 "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
                  "collections": sorted(variables)}  # model state beside the params, in state.safetensors
         _write(folder / "params.safetensors", save(flatten(params)))
         if variables:  # keys like "batch_stats/BatchNorm_0/mean"

@@ -19,6 +19,7 @@ Three kinds of trial modules, told apart without any declaration beyond what Fla
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from typing import Any, Hashable, Mapping
 
@@ -183,11 +184,12 @@ class NNXKind(PlainKind):
 
 
 def _collection_name(kind: str) -> str:
-    """NNX variable type -> linen collection name: BatchStat -> batch_stats, Cache -> cache."""
-    special = {"BatchStat": "batch_stats", "Param": "params"}
+    """NNX variable type -> linen collection name: BatchStat -> batch_stats, Cache -> cache,
+    Intermediate -> intermediates, EMAParam -> ema_param."""
+    special = {"BatchStat": "batch_stats", "Param": "params", "Intermediate": "intermediates"}
     if kind in special:
         return special[kind]
-    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(kind))
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", kind).lower()
 
 
 def kind_of(module: Any, initial: Any) -> PlainKind:
@@ -202,9 +204,9 @@ def kind_of(module: Any, initial: Any) -> PlainKind:
 
 
 def takes_step(fn: Any) -> bool:
-    """`batch(hp, data, key, step)`: the trial wants the step (epoch-based data order)."""
+    """`batch(hp, data, key, step)`: the trial wants the step (epoch-based data order). Only a
+    parameter named `step` says so; other extra parameters keep the old meaning."""
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        return "step" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return len(params) >= 4 or any(p.name == "step" for p in params)

@@ -97,11 +97,14 @@ def run_trial(
         fresh = initial_state(config, number, hp)
         state, data = fresh.state, fresh.data
         devices = study.train.devices
-        if devices > 1:  # restored into these shardings too (the template's)
-            state, data = jax.device_put((state, data), compiled.replicated(devices))
+        # Fresh and restored states reach the compiled window placed alike (committed to the same
+        # device(s)): Orbax returns committed arrays, init uncommitted ones, and the lowering
+        # differs, so a resume would miss the persistent cache and compile anew.
+        place = compiled.placement(devices)
+        state, data = jax.device_put((state, data), place)
         sign = study.objective.sign
         start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
-        state = {**state, **restored}  # a step saved before an optional key existed lacks it
+        state = jax.device_put({**state, **restored}, place)  # a step saved before an optional key existed lacks it
         if start is not None:
             log.info("trial %d: resumed from step %d", number, start)
             if on_restore is not None:
@@ -132,7 +135,7 @@ def run_trial(
             if step > 0 and (step % eval_every == 0 or step == total):
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.
-                evaluated = _metrics(fns.evaluate(params, model_state, data), metric, number, step)
+                evaluated = _metrics(fns.evaluate(params, model_state, data), module.METRICS, metric, number, step)
                 value = evaluated[metric]
                 log.debug("trial %d: step %d: %s", number, step, evaluated)
                 if step not in reported:
@@ -142,7 +145,7 @@ def run_trial(
                     evaluated["train_loss"] = float(loss_sum) / interval
                     if on_evaluation is not None:
                         on_evaluation(step, evaluated)
-                loss_sum = np.zeros((), np.float32)
+                loss_sum = jax.device_put(np.zeros((), np.float32), place)
                 if best.offer(step, value) and step != start:
                     best.pending = (step, snapshot(), evaluated)
                 if step < total and reporter.should_prune():
@@ -159,15 +162,19 @@ def run_trial(
                     log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
                                 number, step)
                     stop.check()
+            # Windows without bubbles: while a window's end needs no decision (no evaluation, save,
+            # signal or last step), the next window is dispatched on its outputs before waiting for
+            # it, so the device never idles between them. Values are read only where needed.
+            fns.restart_timing()
             end = _window_end(step, total, eval_every, study.checkpoint.every_steps, fns.cap)
-            params, opt_state, model_state, loss_sum, loss = fns.window(
-                params, opt_state, model_state, loss_sum, key, data, step, end - step)
-            if not math.isfinite(float(loss_sum)):
-                raise NonFiniteMetric(f"trial {number}: the training loss is {float(loss_sum)} in steps {step}-{end} "
-                                      "(non-finite); the trial failed")
-            step = end
-            if on_step is not None:
-                on_step(number, step)
+            out = fns.dispatch(params, opt_state, model_state, loss_sum, key, data, step, end - step)
+            while not _decision_at(end, total, eval_every, cadence, stop):
+                after = _window_end(end, total, eval_every, study.checkpoint.every_steps, fns.cap)
+                ahead = fns.dispatch(*out[:4], key, data, end, after - end)  # donates out's state
+                step = _finish_window(fns, out, number, step, end, on_step)
+                out, end = ahead, after
+            step = _finish_window(fns, out, number, step, end, on_step)
+            params, opt_state, model_state, loss_sum, _ = out
             evaluated = None
             if announce_first_step:
                 announce_first_step = False
@@ -180,8 +187,27 @@ def run_trial(
         if on_step is not None:
             on_step(number, -1)
         done = compiled.COMPILES - compiles_before
-        log.debug("trial %d: %d XLA compilation(s), %d executable(s) from the persistent cache", number,
-                  compiled.compilations(done), done["cache_hits"])
+        log.debug("trial %d: %d XLA compilation(s) (window %d, evaluate %d; %.1f s), %d executable(s) from the "
+                  "persistent cache", number, compiled.compilations(done), compiled.compilations(done, "window"),
+                  compiled.compilations(done, "evaluate"), done["compile_seconds"], done["cache_hits"])
+
+
+def _decision_at(step: int, total: int, eval_every: int, cadence: _Cadence, stop: StopSignal) -> bool:
+    """Something at `step` needs the training state: the last step, an evaluation, a save, a signal."""
+    return step == total or step % eval_every == 0 or stop.signum is not None or cadence.due(step)
+
+
+def _finish_window(fns: compiled.Functions, out: Any, number: int, start: int, end: int,
+                   on_step: Callable[[int, int], None] | None) -> int:
+    """Wait for the window [start, end); fail the trial if its training loss is not finite."""
+    fns.finish(out, end - start)
+    loss_sum = float(out[3])
+    if not math.isfinite(loss_sum):
+        raise NonFiniteMetric(f"trial {number}: the training loss is {loss_sum} in steps {start + 1}-{end} "
+                              "(non-finite); the trial failed")
+    if on_step is not None:
+        on_step(number, end)
+    return end
 
 
 def _best_of(reported: Mapping[int, float], step: int, sign: int) -> _Best:
@@ -198,11 +224,14 @@ def _best_step(best: _Best) -> int:
     return best.step
 
 
-def _metrics(metrics: Mapping[str, Any], metric: str, number: int, step: int) -> dict[str, float]:
-    """Every metric `evaluate` returned, as floats; the objective must be there and finite."""
-    if metric not in metrics:
-        raise KeyError(f"trial {number}: evaluate returned no {metric!r} (it returned {sorted(metrics)})")
-    values = {name: float(v) for name, v in metrics.items()}
+def _metrics(metrics: Mapping[str, Any], declared: Any, metric: str, number: int, step: int) -> dict[str, float]:
+    """Every declared metric (METRICS) as a float; the objective must be finite. Other values
+    `evaluate` returns (a confusion matrix, say) are the trial's own business."""
+    missing = [name for name in declared if name not in metrics]
+    if missing:
+        raise KeyError(f"trial {number}: evaluate returned no {', '.join(map(repr, missing))} of its METRICS "
+                       f"(it returned {sorted(metrics)})")
+    values = {name: float(metrics[name]) for name in declared}
     if not math.isfinite(values[metric]):
         raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "
                               "the trial failed")

@@ -99,7 +99,15 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         # resumes from its new place and writes nothing at the old one. The attribute (for Optuna
         # readers) is set anew wherever it differs, also for a trial killed between ask and set.
         ckpt_dir = str(config.checkpoint_dir(claimed.number))
-        if frozen.user_attrs.get("checkpoint_dir") != ckpt_dir:
+        recorded = frozen.user_attrs.get("checkpoint_dir")
+        if recorded and recorded != ckpt_dir and newest_step(ckpt_dir) is None and newest_step(recorded) is not None:
+            # Not a moved study (its folder would have the steps) but another workdir for the same
+            # storage (a relative default workdir run from another directory): keep the trial's work.
+            log.warning("trial %d: no checkpoint under this run's workdir (%s); its checkpoints are at %s, where it "
+                        "ran last: resuming from there (run from the directory the study was started in, or set "
+                        "workdir, to keep them together)", claimed.number, ckpt_dir, recorded)
+            ckpt_dir = recorded
+        if recorded != ckpt_dir:
             trial.set_user_attr("checkpoint_dir", ckpt_dir)
         params = suggest_all(config, trial)
         if not claimed.adopted:
@@ -135,7 +143,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                                 on_step=session.on_step,
                                 on_evaluation=lambda step, metrics: trial.set_user_attr(eval_attr(step), metrics))
             # Recorded while the final save is still being written; told only once it is on disk.
-            best_metrics = metrics_at(session.trial(number), outcome.best_step)
+            best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
                                 ("last_step", outcome.last_step), ("metrics", best_metrics)):
                 trial.set_user_attr(name, value)

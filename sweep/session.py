@@ -63,16 +63,16 @@ class Session:
             return self
         config = self.config
         storage = open_storage(config, create)
-        if create:
-            with workdir_lock(config):
-                Claims.create_table(storage.engine)
         try:
+            if create:
+                with workdir_lock(config):
+                    Claims.create_table(storage.engine)
             study = _load_study(config, storage, create)
+            study_id = storage.get_study_id_from_name(config.name)
         except BaseException:
             storage.engine.dispose()
             raise
-        self._storage, self._study = storage, study
-        self._study_id = storage.get_study_id_from_name(config.name)
+        self._storage, self._study, self._study_id = storage, study, study_id
         self._claims = Claims(storage.engine, self._study_id, config.study.parallel.lease_grace_seconds)
         return self
 
@@ -147,10 +147,14 @@ class Session:
 
     def live_numbers(self, trials: Sequence[FrozenTrial]) -> set[int]:
         """Numbers of the RUNNING trials among `trials` whose worker is alive (claims)."""
-        running = [t.number for t in trials if t.state == TrialState.RUNNING]
+        running = [t for t in trials if t.state == TrialState.RUNNING]
         if not running or not _has_claims(self.storage.engine):  # a study not run by sweep
             return set()
-        return self.claims.live_numbers(running)
+        live = self.claims.live_numbers(t.number for t in running)
+        # Claims of workers of the previous release were keyed by Optuna's internal trial id: a
+        # worker of that release may still be training during an upgrade.
+        legacy = {f"trial:{t._trial_id}": t.number for t in running}
+        return live | {legacy[k] for k in self.claims.live_owners(legacy)}
 
     def ask(self) -> optuna.Trial:
         return self.study.ask()
@@ -204,12 +208,21 @@ def storage_kwargs(url: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def workdir_lock(config: Config) -> Iterator[None]:
+def workdir_lock(config: Config, create: bool = True) -> Iterator[None]:
     """Serialise opening the study's storage. Optuna 5 races on its schema creation, and even a
     reader's RDBStorage(skip_table_creation=True) stamps Optuna's alembic_version table when it
-    finds none, racing with the creator's own stamp; so creators and readers take it."""
-    config.workdir.mkdir(parents=True, exist_ok=True)
-    with open(config.lock_path, "a") as fh:
+    finds none, racing with the creator's own stamp; so creators and readers take it. A reader
+    (`create` false) creates nothing: no lock file, no lock in a folder it may not write."""
+    if create:
+        config.workdir.mkdir(parents=True, exist_ok=True)
+        fh = open(config.lock_path, "a")
+    else:
+        try:
+            fh = open(config.lock_path, "r")
+        except OSError:
+            yield
+            return
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -228,10 +241,8 @@ def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
     if sqlite_path is not None and not sqlite_path.exists() and not create:
         raise SweepError(f"study {config.name!r} not found: no database at {sqlite_path}; run it first")
     had_workdir = config.workdir.exists()
-    # Readers lock only a workdir that exists: they must create nothing.
-    lock = workdir_lock(config) if create or had_workdir else contextlib.nullcontext()
     try:
-        with lock:
+        with workdir_lock(config, create):
             if sqlite_path is not None:
                 sqlite_path.parent.mkdir(parents=True, exist_ok=True)
             try:

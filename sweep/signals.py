@@ -20,9 +20,12 @@ class StopSignal:
     handlers back, so a study run from Python leaves the process's signal handling as it found it.
     """
 
-    def __init__(self, grace_seconds: float = 20.0) -> None:
+    def __init__(self, grace_seconds: float = 20.0, hard_exit: bool = True) -> None:
         self.signum: int | None = None
         self.grace_seconds = grace_seconds
+        # The CLI exits the process on a second Ctrl-C or past the grace period; a Python caller
+        # (a notebook kernel) gets KeyboardInterrupt and an error line instead.
+        self.hard_exit = hard_exit
         self._previous: dict[int, Any] = {}
         self._timers: list[threading.Timer] = []
 
@@ -43,7 +46,9 @@ class StopSignal:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             # Second Ctrl-C: the user wants out now. Everything already committed stays valid.
-            os._exit(130)
+            if self.hard_exit:
+                os._exit(130)
+            raise KeyboardInterrupt
         self.signum = signum
         log.warning("signal %d received: checkpointing running trials, then exiting (at most %g s)", signum,
                     self.grace_seconds)
@@ -55,6 +60,9 @@ class StopSignal:
         self._timers.append(timer)
 
     def _expire(self, signum: int) -> None:
+        if not self.hard_exit:
+            log.error("grace period of %g s is over and the final checkpoint is still not written", self.grace_seconds)
+            return
         log.error("grace period of %g s is over: exiting without a final checkpoint", self.grace_seconds)
         os._exit(128 + signum)
 

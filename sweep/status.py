@@ -7,7 +7,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_of_reports, checkpoint_folder, metrics_at
+from sweep.best import best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep.checkpoints import newest_mtime
 from sweep.config import sign
 from sweep.session import Session
@@ -26,7 +26,7 @@ def collect(session: Session) -> dict[str, Any]:
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,
-        "trials": [_entry(t, live, direction, folders[t.number]) for t in trials],
+        "trials": [_entry(t, live, direction, folders[t.number], config.study.objective.metric) for t in trials],
     }
 
 
@@ -36,7 +36,7 @@ def _state(t: FrozenTrial, live: set[int]) -> str:
     return t.state.name
 
 
-def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any) -> dict[str, Any]:
+def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric: str) -> dict[str, Any]:
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
@@ -50,7 +50,8 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any) -> dict[
         "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
         "checkpoint_dir": str(folder) if folder is not None else None,  # where it is now
         "resumes": int(attrs.get("resumes", 0)),
-        "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step)),
+        "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
+        "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
     }
 
 
@@ -61,12 +62,13 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     names = sorted({k for t in status["trials"] for k in t["params"]})
     # The other metrics at the best step (the objective's column is best_value).
     extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
+    extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "ckpt_age"]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
         mtime = newest_mtime(t["checkpoint_dir"]) if t["checkpoint_dir"] else None
-        metrics = t.get("metrics") or {}
+        metrics = {**(t.get("metrics") or {}), "train_loss": t.get("train_loss")}
         rows.append(["*" if t["number"] == best else "", str(t["number"]), t["state"],
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),

@@ -217,6 +217,7 @@ def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = F
     # joblib's loky backend runs workers 1..n_jobs-1. Each runs on its share of the cores.
     shares = core_shares(n_jobs)
     helpers = _LokyWorkers(config, shares[1:], quiet, verbose)
+    cpus = os.sched_getaffinity(0)
     _pin(shares[0])
     try:
         scheduler.run(session, stop)
@@ -224,6 +225,8 @@ def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = F
         helpers.stop()  # a signal or an error here: the helpers checkpoint and stop too
         helpers.join()
         raise
+    finally:
+        os.sched_setaffinity(0, cpus)  # a Python caller (a notebook) gets its cores back
     helpers.join()
 
 

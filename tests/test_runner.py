@@ -278,16 +278,19 @@ def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study)
     (study.parent / "branchy_trial.py").write_text(BRANCHY_TRIAL)
     result = run_cli("run", study, "--verbose", cwd=study.parent)
     assert result.returncode == 0, result.stderr
-    assert "compiling it as a constant (TracerBoolConversionError)" in result.stderr
+    # Only the hyperparameter the code branches on becomes a constant; the log names it once.
+    assert result.stderr.count("training uses hyperparameter(s) learning_rate as a Python value "
+                               "(TracerBoolConversionError)") == 1, result.stderr
     assert [t.state.name for t in study_of(study).trials] == ["COMPLETE", "COMPLETE"]
 
 
 def test_a_resumed_trial_compiles_nothing(write_study):
-    # The first resume may compile the few small ops of the restore path that the killed process
-    # never ran; from then on a resume gets every executable from the persistent cache.
+    # Fresh and restored states are placed alike, so a resume after kill -9 finds the training
+    # window and the evaluation in the persistent cache: zero compilations of either, by JAX's
+    # own monitoring events.
     study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 400000, "eval_every": 500},
                         checkpoint={"every_steps": 1000})
-    proc = Running("run", study, cwd=study.parent)
+    proc = Running("run", study, "--verbose", cwd=study.parent)
     wait_for_checkpoint(checkpoint_dir(study, 0), 2000)
     kill9(proc)
     first = Running("run", study, "--verbose", cwd=study.parent)
@@ -298,11 +301,15 @@ def test_a_resumed_trial_compiles_nothing(write_study):
     again.wait_for(r"trial 0: training again")
     again.signal(signal.SIGTERM)
     assert again.finish() == 143
-    counts = [re.search(r"trial 0: (\d+) XLA compilation\(s\), (\d+) executable\(s\) from the persistent cache",
-                        p.stderr) for p in (first, again)]
-    assert all(counts), again.stderr[-3000:]
-    assert int(counts[0].group(1)) <= 4  # not the training window or the evaluation (~30 executables)
-    assert int(counts[1].group(1)) == 0 and int(counts[1].group(2)) > 20
+    pattern = (r"trial 0: (\d+) XLA compilation\(s\) \(window (\d+), evaluate (\d+); [\d.]+ s\), (\d+) "
+               r"executable\(s\) from the persistent cache")
+    counts = [re.search(pattern, p.stderr) for p in (first, again)]
+    assert all(counts), (first.stderr[-3000:], again.stderr[-3000:])
+    for m in counts:
+        assert (int(m.group(2)), int(m.group(3))) == (0, 0)  # neither the window nor the evaluation
+        assert int(m.group(4)) > 5  # they came from the cache
+    # Only the few small ops of the restore path that the killed process never ran may compile.
+    assert int(counts[0].group(1)) <= 4 and int(counts[1].group(1)) == 0
 
 
 def test_training_continues_while_a_save_is_written(write_study, tmp_path, monkeypatch):
@@ -362,3 +369,59 @@ def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp
     assert all(trained <= step + 100 for step, trained in exact[:-1])  # the loop stopped at the next one
     assert any(trained > step + 100 for step, trained in owed[:-1]), owed  # trained on past it
     assert len(owed) < len(exact) and owed[-1][0] == 600
+
+
+DROPOUT_TRIAL = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, optax
+
+    HYPERPARAMETERS = {"learning_rate": 0.05, "dropout": 0.0}
+    METRICS = ("val_loss",)
+
+    def data(hp):
+        x = np.random.RandomState(0).normal(size=(64, 4)).astype(np.float32)
+        return {"x": x, "y": x.sum(1)}
+
+    def init(hp, key, data):
+        return {"w": jnp.zeros(4)}
+
+    def optimizer(hp):
+        return optax.sgd(hp["learning_rate"])
+
+    def batch(hp, data, key):
+        return data["x"], data["y"]
+
+    def loss(hp, params, batch, key):
+        x, y = batch
+        if hp["dropout"] > 0:  # a Python branch on a float hyperparameter, as flax's nn.Dropout has
+            x = x * jax.random.bernoulli(key, 1 - hp["dropout"], x.shape) / (1 - hp["dropout"])
+        return jnp.mean((x @ params["w"] - y) ** 2)
+
+    def evaluate(hp, params, data):
+        return {"val_loss": jnp.mean((data["x"] @ params["w"] - data["y"]) ** 2)}
+''')
+
+
+def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, tmp_path, monkeypatch, caplog):
+    import logging
+
+    from sweep import compiled
+    from sweep import config as config_lib
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dropout_trial_fb.py").write_text(DROPOUT_TRIAL)
+    config = config_lib.load(write_study(
+        trial="dropout_trial_fb", fixed={}, train={"steps": 20, "eval_every": 10},
+        search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1},
+                      "dropout": {"type": "float", "low": 0.1, "high": 0.5}}))
+    compiled.count_compilations()
+    with caplog.at_level(logging.INFO, logger="sweep"):
+        logging.getLogger("sweep").propagate = True
+        _train(config, 0, {"learning_rate": 0.05, "dropout": 0.2}, tmp_path / "a")
+    module = config.trial_module
+    assert compiled.FUNCTIONS.static_names(module, "window") == {"dropout"}  # learning_rate stays traced
+    assert [r.getMessage() for r in caplog.records if "as a Python value" in r.getMessage()] == [
+        "dropout_trial_fb: training uses hyperparameter(s) dropout as a Python value (TracerBoolConversionError), "
+        "so each value compiles its own program; write it with jnp operations (e.g. jnp.where) to share one program"]
+    before = compiled.COMPILES.copy()
+    _train(config, 1, {"learning_rate": 0.02, "dropout": 0.2}, tmp_path / "b")  # another learning rate
+    assert compiled.compilations(compiled.COMPILES - before, "window") == 0  # shares the program
