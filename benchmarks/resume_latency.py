@@ -29,14 +29,18 @@ import harness
 import yaml
 
 EVAL = re.compile(r"trial 0: step (\d+): val_loss=")
-COMPILES = re.compile(r"trial 0: (\d+) XLA compilation\(s\), (\d+) executable\(s\) from the persistent cache")
+COMPILES = re.compile(r"trial 0: (\d+) XLA compilation\(s\) \(window \d+, evaluate \d+; [\d.]+ s\), (\d+) "
+                      r"executable\(s\) from the persistent cache")
+
+
+STUDY, EVAL_EVERY = "digits_mlp.yaml", 500  # set from the command line
 
 
 def study_file(root: Path, name: str) -> Path:
-    raw = yaml.safe_load((harness.REPO / "studies" / "digits_mlp.yaml").read_text())
+    raw = yaml.safe_load((harness.REPO / "studies" / STUDY).read_text())
     raw.update(name="latency", workdir=str(root / name), n_trials=1, pruner={"type": "none"},
-               train={"steps": 10**7, "eval_every": 500, "seed": 0},
-               checkpoint={"every_steps": 500, "keep_last": 2, "keep_best": 1})
+               train={"steps": 10**7, "eval_every": EVAL_EVERY, "seed": 0},
+               checkpoint={"every_steps": EVAL_EVERY, "keep_last": 2, "keep_best": 1})
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -68,13 +72,17 @@ def until_new_eval(study: Path, after: int) -> tuple[float, int, str]:
 
 
 def main() -> None:
+    global STUDY, EVAL_EVERY
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--study", default=STUDY, help="a study file in studies/ (digits_resnet.yaml: seconds to compile)")
+    ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     args = ap.parse_args()
+    STUDY, EVAL_EVERY = args.study, args.eval_every
     root = Path(tempfile.mkdtemp(prefix="sweep-latency-"))
     try:
         resumed = study_file(root, "resumed")
-        _, last, _ = until_new_eval(resumed, 1000)  # first run: compiles, fills the cache, saves
+        _, last, _ = until_new_eval(resumed, 2 * EVAL_EVERY)  # first run: compiles, fills the cache, saves
         counts: dict[str, list[str]] = {}
         n = iter(range(10**6))
 
