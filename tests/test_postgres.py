@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 from conftest import Running, checkpoint_dir, kill9, snapshot, study_of, wait_for_checkpoint
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 RANDOM = {"sampler": {"type": "random", "seed": 3}, "pruner": {"type": "none"}}
 

@@ -6,11 +6,14 @@ import io
 import re
 import time
 
+import pytest
 from conftest import Running, checkpoint_dir, kill9, wait_for_checkpoint
 from rich.console import Console
 
 from sweep import config as config_lib
 from sweep import progress
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 LONG = {"n_trials": 1, "train": {"steps": 100000, "eval_every": 500}, "checkpoint": {"every_steps": 1000}}
 

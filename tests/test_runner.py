@@ -7,6 +7,7 @@ import signal
 import textwrap
 import time
 
+import pytest
 from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
 
 FLAKY_TRIAL = textwrap.dedent('''
@@ -41,6 +42,7 @@ FLAKY_TRIAL = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_study):
     study = write_study(trial="flaky_trial", n_trials=3, sampler={"type": "grid", "seed": 0},
                         pruner={"type": "none"}, fixed={},
@@ -60,6 +62,7 @@ def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_st
     assert again.returncode == 0 and "trials 0-2: finished, skipped" in again.stderr
 
 
+@pytest.mark.slow
 def test_sigint_checkpoints_and_exits_130_resumable(write_study):
     study = write_study(n_trials=2, train={"steps": 3000})
     proc = Running("run", study, cwd=study.parent)
@@ -112,6 +115,7 @@ FIRST_ATTEMPT_FAILS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_trial_that_raises_on_first_attempt_succeeds_on_retry_under_same_number(write_study):
     kwargs = dict(trial="first_attempt_fails", n_trials=1, pruner={"type": "none"}, fixed={},
                   search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
@@ -134,6 +138,7 @@ def test_trial_that_raises_on_first_attempt_succeeds_on_retry_under_same_number(
     assert study_of(other).trials[0].state.name == "FAIL"
 
 
+@pytest.mark.slow
 def test_sigterm_grace_period_bounds_the_exit_of_a_stuck_trial(write_study):
     study = write_study(trial="stuck_trial", n_trials=1, pruner={"type": "none"}, fixed={},
                         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
@@ -170,6 +175,7 @@ def test_cadence_saves_every_n_steps_or_every_t_seconds_whichever_first(monkeypa
     assert not never.due(100)
 
 
+@pytest.mark.slow
 def test_every_seconds_alone_checkpoints_mid_trial(write_study):
     study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 20000, "eval_every": 1000},
                         checkpoint={"every_steps": None, "every_seconds": 0.3, "keep_last": 50})
@@ -250,6 +256,7 @@ BRANCHY_TRIAL = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study):
     study = write_study(trial="branchy_trial", n_trials=2, pruner={"type": "none"},
                         train={"steps": 100, "eval_every": 50})
@@ -260,6 +267,7 @@ def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study)
     assert [t.state.name for t in study_of(study).trials] == ["COMPLETE", "COMPLETE"]
 
 
+@pytest.mark.slow
 def test_a_resumed_trial_compiles_nothing(write_study):
     # The first resume may compile the few small ops of the restore path that the killed process
     # never ran; from then on a resume gets every executable from the persistent cache.

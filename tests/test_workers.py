@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import run_cli, study_of
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
 def test_n_jobs_2_runs_exactly_n_trials_each_once(write_study):
