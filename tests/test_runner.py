@@ -316,14 +316,28 @@ def test_training_continues_while_a_save_is_written(write_study, tmp_path, monke
 
 
 def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp_path, monkeypatch):
-    # Each write holds the writer until training has passed the *next* cadence step. Exact cadence
-    # (the default) must wait for it there; with max_write_share the loop trains on, and the save
-    # owed lands later, off the cadence.
+    # Each write holds the writer until training has passed the *next* cadence step, or until the
+    # training loop blocks waiting for this write. Exact cadence (the default) must block there;
+    # with max_write_share the loop trains on, and the save owed lands later, off the cadence.
+    # Event order, not time: the 30 s deadline is never reached unless the loop hangs.
+    import threading
+
     from sweep import checkpoints, runner
     from sweep import config as config_lib
 
     seen: dict[str, list[tuple[int, int]]] = {}
-    write = checkpoints.TrialCheckpoints._write
+    write, wait = checkpoints.TrialCheckpoints._write, checkpoints.TrialCheckpoints.wait
+    blocked = threading.Event()  # the training loop is inside wait() for the write in flight
+
+    def waiting(self):
+        if self._pending is not None and not self._pending.done():
+            blocked.set()
+        try:
+            wait(self)
+        finally:
+            blocked.clear()  # before save() submits the next write
+
+    monkeypatch.setattr(checkpoints.TrialCheckpoints, "wait", waiting)
     for share in (None, 0.5):
         config = config_lib.load(write_study(train={"steps": 600, "eval_every": 50},
                                              checkpoint={"every_steps": 100, "max_write_share": share}))
@@ -331,8 +345,9 @@ def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp
 
         def gated(self, items, log=log):
             step = items[-1][0]
-            deadline = time.monotonic() + 3
-            while step < 600 and runner.CURRENT_STEPS.get(0, 0) <= step + 100 and time.monotonic() < deadline:
+            deadline = time.monotonic() + 30
+            while (step < 600 and runner.CURRENT_STEPS.get(0, 0) <= step + 100 and not blocked.is_set()
+                   and time.monotonic() < deadline):
                 time.sleep(0.001)
             log.append((step, runner.CURRENT_STEPS.get(0, 0)))
             write(self, items)
