@@ -39,9 +39,13 @@ def test_n_jobs_2_parent_killed_then_rerun_equals_one_process(write_study, refer
     study = write_study(**settings)
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     proc.wait_for(r"trial 2: started")
+    workers = _loky_children(proc.proc.pid)
     proc.signal(signal.SIGKILL)  # the parent only: its loky workers notice and stop
     proc.finish()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(_alive(pid) for pid in workers), workers
     again = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     assert again.finish() == 0, again.stderr
     assert "study t: 6/6 trials finished" in again.stdout
@@ -96,6 +100,16 @@ def _loky_children(pid: int) -> list[int]:
         if int(fields[1]) == pid and b"popen_loky_posix" in cmdline:
             found.append(int(stat.parent.name))
     return found
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's exit is reaped by whoever adopted it)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_study, reference):
