@@ -34,8 +34,9 @@ def test_n_jobs_2_parent_killed_then_rerun_equals_one_process(write_study, refer
 
     from conftest import Running, snapshot
 
+    # Saves every 2000 steps: a save outlasts 400 steps, and this study runs three times over.
     settings = dict(n_trials=6, sampler={"type": "random", "seed": 5}, pruner={"type": "none"},
-                    train={"steps": 4000, "eval_every": 200}, checkpoint={"every_steps": 400})
+                    train={"steps": 4000, "eval_every": 200}, checkpoint={"every_steps": 2000})
     study = write_study(**settings)
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     proc.wait_for(r"trial 2: started")
@@ -61,13 +62,15 @@ def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_
 
     from conftest import Running, checkpoint_dir, wait_for_checkpoint
 
+    # Saves every 20000 steps, not 4000: a save outlasts 4000 steps, so the rerun, which trains
+    # both trials to the end, spent most of its time writing checkpoints.
     steps = 200000
     study = write_study(n_trials=2, sampler={"type": "random", "seed": 8}, pruner={"type": "none"},
                         train={"steps": steps, "eval_every": 2000},
-                        checkpoint={"every_steps": 4000, "grace_seconds": 15})
+                        checkpoint={"every_steps": 20000, "grace_seconds": 15})
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):
-        wait_for_checkpoint(checkpoint_dir(study, number), 4000)
+        wait_for_checkpoint(checkpoint_dir(study, number), 20000)
     proc.signal(signal.SIGTERM)
     assert proc.finish(timeout=60) == 143, proc.stderr
     stopped = {}
@@ -75,7 +78,7 @@ def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_
         m = re.search(rf"trial {number}: stopped at step (\d+); checkpoint saved", proc.stderr)
         assert m, proc.stderr
         stopped[number] = int(m.group(1))
-        assert 4000 <= stopped[number] < steps
+        assert 20000 <= stopped[number] < steps
         assert max(int(p.name) for p in checkpoint_dir(study, number).iterdir() if p.name.isdigit()) == stopped[number]
     again = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     assert again.finish() == 0, again.stderr
