@@ -137,7 +137,8 @@ def run_trial(
                 # pruning decision at that step is made exactly as in an uninterrupted run.
                 evaluated = _metrics(fns.evaluate(params, model_state, data), module.METRICS, metric, number, step)
                 value = evaluated[metric]
-                log.debug("trial %d: step %d: %s", number, step, evaluated)
+                log.debug("trial %d: step %d: %s=%r (%s)", number, step, metric, value,
+                          ", ".join(f"{k}={v:.6g}" for k, v in evaluated.items() if k != metric))
                 if step not in reported:
                     reporter.report(value, step)
                 if step != start:  # the restored step's metrics were recorded before the interruption

@@ -47,6 +47,22 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _unmarked_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pytest -m "not slow"` is the in-process tier: a test that starts a process must be marked slow."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    import multiprocessing.process
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+
+
 @pytest.fixture
 def write_study(tmp_path: Path) -> Callable[..., Path]:
     """write_study(name="x", **overrides) -> path of a study file whose workdir is under tmp_path."""

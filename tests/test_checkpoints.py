@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import checkpoint_dir, kill_mid_trial, run_cli, snapshot
 from sweep.checkpoints import TrialCheckpoints
@@ -28,6 +29,7 @@ def _garble(folder: Path) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_garbage_in_newest_step_is_quarantined_and_resume_is_bit_identical(write_study, reference):
     study, ckpt, steps = _killed_mid_trial(write_study)
     newest, previous = steps[-1], steps[-2]
@@ -41,6 +43,7 @@ def test_garbage_in_newest_step_is_quarantined_and_resume_is_bit_identical(write
     assert snapshot(study) == reference()
 
 
+@pytest.mark.slow
 def test_corrupt_metrics_file_is_quarantined_before_orbax_opens_the_folder(write_study, reference):
     study, ckpt, steps = _killed_mid_trial(write_study)
     newest = steps[-1]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from sweep import claims as claims_lib
@@ -26,6 +27,7 @@ def _contend(url: str, key: str, barrier, out) -> None:
     out.put(Claims(engine, 1).try_take(key))
 
 
+@pytest.mark.slow
 def test_claim_is_exclusive_across_processes(tmp_path):
     _engine(tmp_path)
     ctx = mp.get_context("spawn")
@@ -40,6 +42,7 @@ def test_claim_is_exclusive_across_processes(tmp_path):
     assert sorted(results) == [False, False, False, True]
 
 
+@pytest.mark.slow
 def test_claim_of_dead_process_is_taken_over_and_live_one_is_not(tmp_path):
     engine = _engine(tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -139,6 +139,7 @@ def test_bad_study_file_exits_2_naming_key_and_writes_nothing(isolated, capsys, 
     assert sorted(os.listdir(isolated)) == before  # no runs/, no study.db, no __pycache__
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["typo-top-level", "python-tag", "trial-raises-on-import"])
 def test_bad_study_file_through_real_cli_has_no_traceback(isolated, case):
     spec, fragments = next(b[1:] for b in BAD if b[0] == case)

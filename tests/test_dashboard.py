@@ -8,8 +8,11 @@ import urllib.request
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import optuna_dashboard
+import pytest
 import yaml
 from conftest import run_cli
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
 class _Quiet(WSGIRequestHandler):

@@ -13,6 +13,8 @@ from conftest import Running, checkpoint_dir, run_cli, snapshot, wait_for_checkp
 
 distributed = pytest.importorskip("distributed")  # in the `test` extra; CI installs it
 
+pytestmark = pytest.mark.slow  # every test here starts real processes
+
 SETTINGS = dict(n_trials=4, sampler={"type": "random", "seed": 11}, pruner={"type": "none"})
 
 # A trial module that records which processes trained (traced the training loss): the cluster's

@@ -6,7 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import REPO, Running, checkpoint_dir, cli_env, kill9, snapshot, study_of, wait_for_checkpoint
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 FOUR = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 SETTINGS = dict(n_trials=1, sampler={"type": "random", "seed": 2}, pruner={"type": "none"},

@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 import textwrap
 
+import pytest
 from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 NONDETERMINISTIC = textwrap.dedent('''
     import numpy as np

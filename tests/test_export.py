@@ -16,6 +16,8 @@ from sweep.best import _jitted
 from sweep.checkpoints import TrialCheckpoints
 from sweep.state import initial_state
 
+pytestmark = pytest.mark.slow  # every test here starts real processes
+
 
 def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

@@ -9,8 +9,11 @@ import threading
 import time
 
 import optuna
+import pytest
 
 from conftest import Running, kill9, run_cli, snapshot, study_of
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 # Frequent saves with keep_last 1: a random kill often lands in a checkpoint write or the
 # deletion of the step it replaces, not only in training.

@@ -6,10 +6,13 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from conftest import kill_mid_trial, run_cli, study_of
 
 from sweep import config as config_lib
 from sweep.plot import markers
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 STUDY_FIGURES = ("optimization_history", "intermediate_values", "param_importances", "parallel_coordinate")
 

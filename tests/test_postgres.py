@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 from conftest import Running, checkpoint_dir, kill9, snapshot, study_of, wait_for_checkpoint
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 RANDOM = {"sampler": {"type": "random", "seed": 3}, "pruner": {"type": "none"}}
 
@@ -24,12 +27,14 @@ def test_four_workers_on_one_postgres_study_run_each_trial_once(write_study, pos
 
 def test_a_dead_hosts_trial_is_taken_over_after_the_lease_grace(write_study, postgres_url, reference):
     grace = 4.0
+    # Saves are sparse: a save (~0.05-0.2 s here) outlasts 1000 steps, so a 1000-step cadence made
+    # the two full runs of this trial (reference, takeover) mostly checkpoint writing.
     settings = dict(n_trials=1, train={"steps": 100000, "eval_every": 500},
-                    checkpoint={"every_steps": 1000}, **RANDOM)
+                    checkpoint={"every_steps": 10000}, **RANDOM)
     study = write_study(storage=postgres_url, parallel={"lease_grace_seconds": grace}, **settings)
     first = Running("run", study, cwd=study.parent, env={"SWEEP_HOST": "host-a"})
     first.wait_for(r"trial 0: started")
-    wait_for_checkpoint(checkpoint_dir(study, 0), 3000)
+    wait_for_checkpoint(checkpoint_dir(study, 0), 10000)
     kill9(first)
     killed_at = time.monotonic()
     kept = max(int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit())

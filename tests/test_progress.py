@@ -6,12 +6,15 @@ import io
 import re
 import time
 
+import pytest
 from conftest import Running, checkpoint_dir, kill9, wait_for_checkpoint
 from rich.console import Console
 
 from sweep import config as config_lib
 from sweep import progress
 from sweep.session import Session
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 LONG = {"n_trials": 1, "train": {"steps": 100000, "eval_every": 500}, "checkpoint": {"every_steps": 1000}}
 
@@ -33,8 +36,12 @@ def test_monitor_sees_live_trials_only(write_study):
     wait_for_checkpoint(checkpoint_dir(study, 0), 2000)
     monitor = progress.Monitor(Session(config_lib.load(study)))
     _, first = monitor.poll()
-    time.sleep(1.5)
-    study_line, lines = monitor.poll()
+    deadline = time.monotonic() + 60
+    while True:  # until the trial has reported a new step (or its worker is gone)
+        study_line, lines = monitor.poll()
+        if not lines or lines[0].step != first[0].step or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert [line.number for line in lines] == [0] and study_line.finished == 0
     assert lines[0].step > first[0].step and lines[0].steps_per_s and lines[0].eta_s > 0
     assert lines[0].ckpt_age_s is not None and lines[0].ckpt_age_s >= 0
@@ -48,12 +55,20 @@ def test_live_table_redraws_running_trials(write_study):
     wait_for_checkpoint(checkpoint_dir(study, 0), 1000)
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=140)
+
+    def text() -> str:
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())
+
+    def drawn() -> bool:
+        return "0/1 trials finished" in text() and re.search(r"\b0\b.*\d+/100000", text()) is not None
+
     with progress.Display(Session(config_lib.load(study)), live=True, console=console):
-        time.sleep(2.5)
+        deadline = time.monotonic() + 60
+        while not drawn() and time.monotonic() < deadline:  # the first redraw with the trial's row
+            time.sleep(0.05)
     kill9(proc)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())
-    assert "0/1 trials finished" in text
-    assert re.search(r"\b0\b.*\d+/100000", text)
+    assert "0/1 trials finished" in text()
+    assert re.search(r"\b0\b.*\d+/100000", text())
 
 
 def test_resume_decision_is_logged_with_its_step(write_study):

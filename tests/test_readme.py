@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from conftest import REPO, run_cli
 
 README = (REPO / "README.md").read_text()
@@ -16,6 +17,7 @@ def _example(name: str) -> str:
     return m.group(1)
 
 
+@pytest.mark.slow
 def test_readme_minimal_trial_runs_as_documented(tmp_path):
     (tmp_path / "my_trial.py").write_text(_example("my_trial.py"))
     (tmp_path / "my_study.yaml").write_text(_example("my_study.yaml"))
@@ -43,6 +45,7 @@ def test_readme_commands_are_the_ci_commands():
     assert (REPO / "studies" / "digits_mlp.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_readme_export_and_load_example_runs(tmp_path):
     import yaml
 
@@ -67,6 +70,7 @@ def test_readme_export_and_load_example_runs(tmp_path):
     assert "ScaleByAdamState" in result.stdout or "TraceState" in result.stdout
 
 
+@pytest.mark.slow
 def test_readme_python_api_example_runs_as_documented(tmp_path):
     import subprocess
     import sys

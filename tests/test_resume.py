@@ -8,10 +8,13 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import (Running, checkpoint_dir, kill9, kill_mid_trial, run_cli, snapshot, study_of,
                       wait_for_checkpoint)
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
 def _finish(study_file: Path) -> str:

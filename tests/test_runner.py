@@ -7,6 +7,7 @@ import signal
 import textwrap
 import time
 
+import pytest
 from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
 
 FLAKY_TRIAL = textwrap.dedent('''
@@ -41,6 +42,7 @@ FLAKY_TRIAL = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_study):
     study = write_study(trial="flaky_trial", n_trials=3, sampler={"type": "grid", "seed": 0},
                         pruner={"type": "none"}, fixed={},
@@ -63,6 +65,7 @@ def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_st
 DIVERGING_TRIAL = FLAKY_TRIAL.replace('return optax.sgd(hp["learning_rate"])', 'return optax.sgd(1e30)')
 
 
+@pytest.mark.slow
 def test_study_whose_trials_all_fail_exits_1_and_says_why(write_study):
     # A diverging learning rate: the training loss is non-finite within the first window.
     study = write_study(trial="diverging_trial", n_trials=2, sampler={"type": "random", "seed": 0},
@@ -77,6 +80,7 @@ def test_study_whose_trials_all_fail_exits_1_and_says_why(write_study):
     assert [t.state.name for t in study_of(study).trials] == ["FAIL", "FAIL"]
 
 
+@pytest.mark.slow
 def test_sigint_checkpoints_and_exits_130_resumable(write_study):
     study = write_study(n_trials=2, train={"steps": 3000})
     proc = Running("run", study, cwd=study.parent)
@@ -129,6 +133,7 @@ FIRST_ATTEMPT_FAILS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_trial_that_raises_on_first_attempt_succeeds_on_retry_under_same_number(write_study):
     kwargs = dict(trial="first_attempt_fails", n_trials=1, pruner={"type": "none"}, fixed={},
                   search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
@@ -151,10 +156,11 @@ def test_trial_that_raises_on_first_attempt_succeeds_on_retry_under_same_number(
     assert study_of(other).trials[0].state.name == "FAIL"
 
 
+@pytest.mark.slow
 def test_sigterm_grace_period_bounds_the_exit_of_a_stuck_trial(write_study):
     study = write_study(trial="stuck_trial", n_trials=1, pruner={"type": "none"}, fixed={},
                         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
-                        checkpoint={"grace_seconds": 1.5})
+                        checkpoint={"grace_seconds": 0.5})
     (study.parent / "stuck_trial.py").write_text(
         FIRST_ATTEMPT_FAILS.replace("def data(hp):\n", "def data(hp):\n    import time; time.sleep(120)\n"))
     proc = Running("run", study, cwd=study.parent)
@@ -163,7 +169,7 @@ def test_sigterm_grace_period_bounds_the_exit_of_a_stuck_trial(write_study):
     t0 = time.monotonic()
     assert proc.finish(timeout=60) == 143
     assert time.monotonic() - t0 < 30  # not the 120 s the trial would have needed
-    assert "grace period of 1.5 s is over" in proc.stderr
+    assert "grace period of 0.5 s is over" in proc.stderr
     assert study_of(study).trials[0].state.name == "RUNNING"  # still resumable
 
 
@@ -187,6 +193,7 @@ def test_cadence_saves_every_n_steps_or_every_t_seconds_whichever_first(monkeypa
     assert not never.due(100)
 
 
+@pytest.mark.slow
 def test_every_seconds_alone_checkpoints_mid_trial(write_study):
     study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 20000, "eval_every": 1000},
                         checkpoint={"every_steps": None, "every_seconds": 0.3, "keep_last": 50})
@@ -272,6 +279,7 @@ BRANCHY_TRIAL = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study):
     study = write_study(trial="branchy_trial", n_trials=2, pruner={"type": "none"},
                         train={"steps": 100, "eval_every": 50})
@@ -284,6 +292,7 @@ def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study)
     assert [t.state.name for t in study_of(study).trials] == ["COMPLETE", "COMPLETE"]
 
 
+@pytest.mark.slow
 def test_a_resumed_trial_compiles_nothing(write_study):
     # Fresh and restored states are placed alike, so a resume after kill -9 finds the training
     # window and the evaluation in the persistent cache: zero compilations of either, by JAX's
@@ -338,15 +347,29 @@ def test_training_continues_while_a_save_is_written(write_study, tmp_path, monke
 
 
 def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp_path, monkeypatch):
-    # Each write holds the writer until training has passed the *next* cadence step. Exact cadence
-    # (the default) must wait for it there; with max_write_share the loop trains on, and the save
-    # owed lands later, off the cadence.
+    # Each write holds the writer until training has passed the *next* cadence step, or until the
+    # training loop blocks waiting for this write. Exact cadence (the default) must block there;
+    # with max_write_share the loop trains on, and the save owed lands later, off the cadence.
+    # Event order, not time: the 30 s deadline is never reached unless the loop hangs.
+    import threading
+
     from sweep import checkpoints
     from sweep import config as config_lib
 
     seen: dict[str, list[tuple[int, int]]] = {}
     steps: dict[int, int] = {}
-    write = checkpoints.TrialCheckpoints._write
+    write, wait = checkpoints.TrialCheckpoints._write, checkpoints.TrialCheckpoints.wait
+    blocked = threading.Event()  # the training loop is inside wait() for the write in flight
+
+    def waiting(self):
+        if self._pending is not None and not self._pending.done():
+            blocked.set()
+        try:
+            wait(self)
+        finally:
+            blocked.clear()  # before save() submits the next write
+
+    monkeypatch.setattr(checkpoints.TrialCheckpoints, "wait", waiting)
     for share in (None, 0.5):
         config = config_lib.load(write_study(train={"steps": 600, "eval_every": 50},
                                              checkpoint={"every_steps": 100, "max_write_share": share}))
@@ -354,8 +377,9 @@ def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp
 
         def gated(self, items, log=log):
             step = items[-1][0]
-            deadline = time.monotonic() + 3
-            while step < 600 and steps.get(0, 0) <= step + 100 and time.monotonic() < deadline:
+            deadline = time.monotonic() + 30
+            while (step < 600 and steps.get(0, 0) <= step + 100 and not blocked.is_set()
+                   and time.monotonic() < deadline):
                 time.sleep(0.001)
             log.append((step, steps.get(0, 0)))
             write(self, items)

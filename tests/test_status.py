@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import Running, kill9, run_cli, wait_for_checkpoint
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
 def _states(study: Path) -> list[str]:

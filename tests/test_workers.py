@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import run_cli, study_of
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
 def test_n_jobs_2_runs_exactly_n_trials_each_once(write_study):
@@ -31,14 +34,19 @@ def test_n_jobs_2_parent_killed_then_rerun_equals_one_process(write_study, refer
 
     from conftest import Running, snapshot
 
+    # Saves every 2000 steps: a save outlasts 400 steps, and this study runs three times over.
     settings = dict(n_trials=6, sampler={"type": "random", "seed": 5}, pruner={"type": "none"},
-                    train={"steps": 4000, "eval_every": 200}, checkpoint={"every_steps": 400})
+                    train={"steps": 4000, "eval_every": 200}, checkpoint={"every_steps": 2000})
     study = write_study(**settings)
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     proc.wait_for(r"trial 2: started")
+    workers = _loky_children(proc.proc.pid)
     proc.signal(signal.SIGKILL)  # the parent only: its loky workers notice and stop
     proc.finish()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(_alive(pid) for pid in workers), workers
     again = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     assert again.finish() == 0, again.stderr
     assert "study t: 6/6 trials finished" in again.stdout
@@ -54,13 +62,15 @@ def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_
 
     from conftest import Running, checkpoint_dir, wait_for_checkpoint
 
+    # Saves every 20000 steps, not 4000: a save outlasts 4000 steps, so the rerun, which trains
+    # both trials to the end, spent most of its time writing checkpoints.
     steps = 200000
     study = write_study(n_trials=2, sampler={"type": "random", "seed": 8}, pruner={"type": "none"},
                         train={"steps": steps, "eval_every": 2000},
-                        checkpoint={"every_steps": 4000, "grace_seconds": 15})
+                        checkpoint={"every_steps": 20000, "grace_seconds": 15})
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):
-        wait_for_checkpoint(checkpoint_dir(study, number), 4000)
+        wait_for_checkpoint(checkpoint_dir(study, number), 20000)
     proc.signal(signal.SIGTERM)
     assert proc.finish(timeout=60) == 143, proc.stderr
     stopped = {}
@@ -68,7 +78,7 @@ def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_
         m = re.search(rf"trial {number}: stopped at step (\d+); checkpoint saved", proc.stderr)
         assert m, proc.stderr
         stopped[number] = int(m.group(1))
-        assert 4000 <= stopped[number] < steps
+        assert 20000 <= stopped[number] < steps
         assert max(int(p.name) for p in checkpoint_dir(study, number).iterdir() if p.name.isdigit()) == stopped[number]
     again = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     assert again.finish() == 0, again.stderr
@@ -93,6 +103,16 @@ def _loky_children(pid: int) -> list[int]:
         if int(fields[1]) == pid and b"popen_loky_posix" in cmdline:
             found.append(int(stat.parent.name))
     return found
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's exit is reaped by whoever adopted it)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_study, reference):
