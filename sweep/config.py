@@ -225,8 +225,11 @@ class Config:
 
     @property
     def cache_dir(self) -> Path:
-        """JAX's persistent compilation cache of this study's processes."""
-        return self.workdir / "jax_cache"
+        """JAX's persistent compilation cache of this study's processes: `<workdir>/jax_cache`, or
+        the folder in $SWEEP_COMPILATION_CACHE, shared by every study that names it (executables
+        are keyed by program, device and versions, so sharing is safe)."""
+        shared = os.environ.get("SWEEP_COMPILATION_CACHE")
+        return Path(os.path.abspath(shared)) if shared else self.workdir / "jax_cache"
 
     @property
     def lock_path(self) -> Path:

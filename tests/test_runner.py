@@ -299,14 +299,15 @@ def test_a_resumed_trial_compiles_nothing(write_study):
     # own monitoring events.
     study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 400000, "eval_every": 500},
                         checkpoint={"every_steps": 1000})
-    proc = Running("run", study, "--verbose", cwd=study.parent)
+    own = {"SWEEP_COMPILATION_CACHE": str(study.parent / "own_cache")}  # not the tests' shared one
+    proc = Running("run", study, "--verbose", cwd=study.parent, env=own)
     wait_for_checkpoint(checkpoint_dir(study, 0), 2000)
     kill9(proc)
-    first = Running("run", study, "--verbose", cwd=study.parent)
+    first = Running("run", study, "--verbose", cwd=study.parent, env=own)
     first.wait_for(r"trial 0: training again")
     first.signal(signal.SIGTERM)
     assert first.finish() == 143
-    again = Running("run", study, "--verbose", cwd=study.parent)
+    again = Running("run", study, "--verbose", cwd=study.parent, env=own)
     again.wait_for(r"trial 0: training again")
     again.signal(signal.SIGTERM)
     assert again.finish() == 143

@@ -36,11 +36,22 @@ def model(hp) -> MLP:
     return MLP(hidden=int(hp["hidden"]), depth=int(hp["depth"]))
 
 
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits, read from its data file: the arrays `load_digits` returns,
+    without importing scikit-learn (2-3 s in every process that trains or exports)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    assert spec is not None and spec.submodule_search_locations, "scikit-learn is not installed"
+    raw = np.loadtxt(os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz"),
+                     delimiter=",")
+    return raw[:, :-1], raw[:, -1].astype(int)
+
+
 @functools.cache
 def _splits() -> dict[str, np.ndarray]:
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
+    x, y = _load_digits()
     order = np.random.RandomState(0).permutation(len(x))  # fixed split, independent of any seed
     x, y = (x[order] / 16.0).astype(np.float32), y[order].astype(np.int32)
     n_val = n_test = 300
