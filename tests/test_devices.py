@@ -54,7 +54,8 @@ def test_window_all_reduces_gradients_over_four_devices():
         params = jax.device_put(m.init(hp, jax.random.PRNGKey(0), data), compiled.replicated(4))
         opt = jax.device_put(m.optimizer(hp).init(params), compiled.replicated(4))
         fn = compiled.FUNCTIONS.get(m, hp, ("learning_rate",), devices=4).window
-        args = (params, opt, jax.random.PRNGKey(1), data, np.int32(0), np.int32(5), {"learning_rate": 1e-3})
+        args = (params, opt, {}, np.float32(0), jax.random.PRNGKey(1), data, np.int32(0), np.int32(5),
+                {"learning_rate": 1e-3})
         text = fn.lower(*args).compile().as_text()
         out = fn(*args)
         print("all-reduce" in text, {len(x.sharding.device_set) for x in jax.tree.leaves(out)})
@@ -78,7 +79,8 @@ def test_more_devices_than_jax_sees_is_a_study_file_error(write_study):
 def test_batch_not_divisible_by_devices_fails_the_trial_clearly(write_study):
     study = write_study(**{**SETTINGS, "n_trials": 1, "fixed": {"batch_size": 30}})
     proc = Running("run", study, cwd=study.parent, env=FOUR)
-    assert proc.finish() == 0, proc.stderr
+    assert proc.finish() == 1, proc.stderr  # its only trial failed: "no trial completed"
+    assert "error: no trial completed: 1 failed, 0 pruned" in proc.stderr
     assert "train.devices: 4 devices must divide the leading axis of every batch array, got shape (30, 64)" \
         in proc.stderr
     assert study_of(study).trials[0].state.name == "FAIL"
