@@ -7,7 +7,7 @@ import json
 import sys
 import traceback
 
-from sweep.errors import Interrupted, SweepError
+from sweep.errors import Interrupted, SweepError, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_run(args: argparse.Namespace) -> int:
     from sweep import api, workers
 
+    if args.n_jobs is not None and args.n_jobs < 1:
+        raise UsageError(f"--n-jobs: must be >= 1, got {args.n_jobs}")
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
     from sweep.summary import no_complete_trial
 

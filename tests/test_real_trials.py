@@ -52,7 +52,7 @@ def test_kill9_mid_trial_then_rerun_is_bit_identical(write_study, overrides):
     assert snapshot(study) == snapshot(reference)
     assert _history(study) == _history(reference)
     metrics = study_of(study).trials[1].user_attrs["metrics"]
-    assert set(metrics) == {"val_loss", "val_accuracy", "train_loss"} and all(np.isfinite(list(metrics.values())))
+    assert set(metrics) == {"val_loss", "val_accuracy"} and all(np.isfinite(list(metrics.values())))
 
 
 @pytest.mark.slow
@@ -68,7 +68,7 @@ def test_resnet_export_holds_batch_stats_and_applies_with_flax(write_study, tmp_
     entry = json.loads((out / "index.json").read_text())["trials"][0]
     meta = json.loads((out / entry["dir"] / "meta.json").read_text())
     assert meta["collections"] == ["batch_stats"]
-    assert set(meta["metrics"]) == {"val_loss", "val_accuracy", "train_loss"}
+    assert set(meta["metrics"]) == {"val_loss", "val_accuracy"} and np.isfinite(meta["train_loss"])
     variables, _ = sweep.load_variables(out / entry["dir"])
     assert set(variables) == {"params", "batch_stats"} and "BatchNorm_0" in variables["batch_stats"]
     # Flax's own apply, unchanged, on the exported variables reproduces the recorded validation accuracy.

@@ -152,7 +152,8 @@ def test_trial_that_raises_on_first_attempt_succeeds_on_retry_under_same_number(
     # Without retries the same fault fails the trial (and the study still ends normally).
     other = write_study(file="noretry.yaml", **{**kwargs, "name": "u"})
     result = run_cli("run", other, cwd=other.parent)
-    assert result.returncode == 0 and "Retrying" not in result.stderr
+    assert result.returncode == 1 and "Retrying" not in result.stderr  # its only trial failed
+    assert "error: no trial completed: 1 failed, 0 pruned" in result.stderr
     assert study_of(other).trials[0].state.name == "FAIL"
 
 
