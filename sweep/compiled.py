@@ -222,7 +222,7 @@ class Functions:
         self.module, self.hp, self.traced, self.devices, self.cache = module, hp, traced, devices, cache
         self.kind = kind or PlainKind()
         self.cap = 1  # steps in the next window at most; the first one includes the compilation
-        self._timed: float | bool = False  # completion time of the previous window; False: not yet
+        self._since: float | None = None  # where the next window's time starts; None: first window
 
     def _call(self, fn_name: str, *args: Any) -> Any:
         static = self.cache.static_names(self.module, fn_name)
@@ -271,14 +271,15 @@ class Functions:
         from the previous window's completion (the first window compiled, so it is not timed)."""
         out[-1].block_until_ready()
         now = time.perf_counter()
-        if self._timed is not False and self._timed is not True:
-            per_step = (now - self._timed) / n
+        if self._since is not None:
+            per_step = (now - self._since) / n
             self.cap = max(1, min(self.cap * 8, int(WINDOW_SECONDS / max(per_step, 1e-9))))
-        self._timed = now
+        self._since = now
 
     def restart_timing(self) -> None:
         """The device was idle (an evaluation, a save): time the next window from its dispatch."""
-        self._timed = time.perf_counter() if self._timed is not False else False
+        if self._since is not None:
+            self._since = time.perf_counter()
 
     def window(self, params: Any, opt_state: Any, model_state: Any, loss_sum: Any, key: Any, data: Any,
                start: int, n: int) -> Any:
