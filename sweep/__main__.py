@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="optimization history, importances and every trial's learning curve")
     plot.add_argument("study_file", metavar="STUDY.yaml")
     plot.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    plan = sub.add_parser("plan", help="what `run` would do now (skip, resume, start, refuse), without running")
+    plan.add_argument("study_file", metavar="STUDY.yaml")
     drill = sub.add_parser("drill", help="recovery drill: kill a short copy of the study, restart it, measure")
     drill.add_argument("study_file", metavar="STUDY.yaml")
     drill.add_argument("--seed", type=int, default=None, help="seed of the random kill step")
@@ -101,6 +103,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from sweep import api, plan as plan_lib
+
+    with api.open(args.study_file) as session:
+        found = session.plan()
+        print(plan_lib.text(session.config, found))
+    return 2 if found.refused else 0  # what `run` would exit with
+
+
 def _cmd_drill(args: argparse.Namespace) -> int:
     from sweep import api, logs
 
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "plot": _cmd_plot,
-                "drill": _cmd_drill}[args.command](args)
+                "plan": _cmd_plan, "drill": _cmd_drill}[args.command](args)
     except Interrupted as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return exc.exit_code

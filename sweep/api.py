@@ -16,6 +16,7 @@ from sweep.session import Session
 if TYPE_CHECKING:
     from sweep.best import LoadedTrial
     from sweep.drill import DrillReport
+    from sweep.plan import Plan
 
 
 class StudySession(Session):
@@ -61,6 +62,7 @@ class StudySession(Session):
             raise UsageError(f"log_every: must be > 0, got {log_every}")
         check_config(config)
         logs.setup(quiet, verbose)
+        self.check_before_run()
         stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=_exit_on_signal)
         if threading.current_thread() is threading.main_thread():
             stop.install()  # elsewhere a Python signal handler cannot be set; the caller stops it
@@ -74,6 +76,42 @@ class StudySession(Session):
         finally:
             stop.restore()
         return self.status()
+
+    def check_before_run(self) -> Plan:
+        """What `run` checks before it creates or asks anything; returns the plan it found.
+
+        Raises:
+            ConfigError: the study file changed keys that define what the study's trials mean, or
+                the trial's code cannot train or evaluate (an abstract step: nothing is trained).
+        """
+        import logging
+
+        from sweep import fingerprint, plan as plan_lib, preflight
+
+        try:
+            plan = plan_lib.make(self)
+        finally:
+            self.close()  # run opens it again to write (and readers keep no connection)
+        if plan.refused:
+            raise fingerprint.refusal(self.config, self.config.storage, plan.refused)
+        if plan.code_changed and plan.has_work:
+            logging.getLogger("sweep").warning(plan_lib.code_warning(plan))
+        preflight.check(self.config)
+        return plan
+
+    def plan(self) -> Plan:
+        """What `run` would do now (skip, resume from which step, start), or the change it would
+        refuse (`Plan.refused`); reads only, trains nothing. `str(plan)` is the CLI's text.
+
+        Raises:
+            ConfigError: the trial's code cannot train or evaluate, as `run` would.
+        """
+        from sweep import plan as plan_lib, preflight
+
+        plan = plan_lib.make(self)
+        if not plan.refused:
+            preflight.check(self.config)
+        return plan
 
     def summary(self) -> str:
         """The end-of-run summary `run` prints (scores the best checkpoint on the test split once)."""

@@ -224,11 +224,13 @@ class Functions:
         self.cap = 1  # steps in the next window at most; the first one includes the compilation
         self._since: float | None = None  # where the next window's time starts; None: first window
 
-    def _call(self, fn_name: str, *args: Any) -> Any:
+    def _call(self, fn_name: str, *args: Any, abstract: bool = False) -> Any:
         static = self.cache.static_names(self.module, fn_name)
         traced = tuple(name for name in self.traced if name not in static)
         fn = getattr(self.cache.get(self.module, self.hp, traced, self.devices, self.kind), fn_name)
         try:
+            if abstract:
+                return jax.eval_shape(fn, *args, {k: self.hp[k] for k in traced})
             return fn(*args, {k: self.hp[k] for k in traced})
         except _TRACE_ERRORS as exc:
             culprits = _culprits(exc, traced) if _TRACED_ARG.search(str(exc)) else self._probe(fn_name, traced, args)
@@ -239,7 +241,11 @@ class Functions:
                      "own program; write it with jnp operations (e.g. jnp.where) to share one program",
                      self.module.__name__, "training" if fn_name == "window" else "evaluate",
                      ", ".join(sorted(culprits)), type(exc).__name__)
-            return self._call(fn_name, *args)
+            return self._call(fn_name, *args, abstract=abstract)
+
+    def shapes(self, fn_name: str, *args: Any) -> Any:
+        """`jax.eval_shape` of "window" or "evaluate" on `args`: traced, never compiled or run."""
+        return self._call(fn_name, *args, abstract=True)
 
     def _probe(self, fn_name: str, traced: tuple[str, ...], args: tuple[Any, ...]) -> frozenset[str]:
         """The traced names that fail to trace on their own (the others constants). Inside the

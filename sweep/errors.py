@@ -9,6 +9,10 @@ class SweepError(Exception):
     exit_code = 1
 
 
+class StudyNotFound(SweepError):
+    """A reader asked for a study that does not exist (yet)."""
+
+
 class ConfigError(SweepError, ValueError):
     """A study file breaks a rule of the contract (exit 2, nothing written)."""
 

@@ -11,12 +11,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import plan as plan_lib
 from sweep.best import eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import suggest_all
-from sweep.session import FINISHED, Session
+from sweep.session import Session
 from sweep.signals import StopSignal
 
 log = logging.getLogger("sweep")
@@ -36,6 +37,7 @@ def run(session: Session, stop: StopSignal) -> None:
         Interrupted: on SIGTERM/SIGINT, after the running trial was checkpointed.
     """
     session.open(create=True)
+    session.record_fingerprint()  # refuses a changed study file (also for a caller that skipped run's checks)
     session.use_compilation_cache()
     config, claims = session.config, session.claims
     _log_start(session)
@@ -173,25 +175,8 @@ def _record_resume(session: Session, trial: optuna.Trial, step: int) -> None:
 
 
 def _log_start(session: Session) -> None:
-    finished = [number for number, state in session.trial_states().items() if state in FINISHED]
-    if finished:
-        log.info("trials %s: finished, skipped", _ranges(finished))
-    running = session.running()
-    live = session.live_numbers(running)
-    for t in running:
-        if t.number not in live:
-            step = newest_step(session.config.checkpoint_dir(t.number))
-            where = f"its newest checkpoint, step {step}" if step is not None else "step 0 (no checkpoint yet)"
-            log.info("trial %d: interrupted, will resume from %s", t.number, where)
-
-
-def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    out, start = [], None
-    numbers = sorted(numbers)
-    for i, n in enumerate(numbers):
-        start = n if start is None else start
-        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
-            out.append(str(n) if start == n else f"{start}-{n}")
-            start = None
-    return ", ".join(out)
+    plan = plan_lib.make(session)
+    if plan.finished:
+        log.info("trials %s: finished, skipped", plan_lib.ranges(list(plan.finished)))
+    for number, step in sorted(plan.resume.items()):
+        log.info("trial %d: interrupted, will resume from %s", number, plan_lib.resume_text(step))

@@ -23,10 +23,11 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import fingerprint
 from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
-from sweep.errors import SweepError
+from sweep.errors import StudyNotFound, SweepError
 from sweep.samplers import build_pruner, build_sampler
 
 SQLITE_TIMEOUT_S = 60
@@ -75,6 +76,14 @@ class Session:
         self._storage, self._study, self._study_id = storage, study, study_id
         self._claims = Claims(storage.engine, self._study_id, config.study.parallel.lease_grace_seconds)
         return self
+
+    def open_existing(self) -> bool:
+        """Open the study if it exists, creating nothing; False if it does not (yet)."""
+        try:
+            self.open(create=False)
+        except StudyNotFound:
+            return False
+        return True
 
     def close(self) -> None:
         if self._storage is not None:
@@ -165,6 +174,34 @@ class Session:
         documented as not for direct use, is what `study.ask` itself calls."""
         return optuna.Trial(self.study, self._trial_id(number))
 
+    # --- what the study was started with ----------------------------------------------------------
+
+    def meaning_changes(self) -> list[tuple[str, Any, Any]]:
+        """How the study file's trial-defining keys differ from the ones the study was started
+        with ([] for a study started before sweep recorded them)."""
+        stored = self.storage.get_study_user_attrs(self.study_id).get(fingerprint.STUDY_ATTR)
+        return fingerprint.changes(stored, fingerprint.meaning(self.config)) if stored is not None else []
+
+    def check_unchanged(self) -> None:
+        """Raise the exit-2 refusal if the study file changed keys that define what trials mean."""
+        found = self.meaning_changes()
+        if found:
+            raise fingerprint.refusal(self.config, self.config.storage, found)
+
+    def stored_code(self) -> dict[str, str] | None:
+        return self.storage.get_study_user_attrs(self.study_id).get(fingerprint.CODE_ATTR)
+
+    def record_fingerprint(self) -> None:
+        """Store the study file's trial-defining keys (once) and the trial module's fingerprint
+        (whenever it changed), as study user attributes; refuse a changed file."""
+        self.check_unchanged()
+        attrs = self.storage.get_study_user_attrs(self.study_id)
+        if fingerprint.STUDY_ATTR not in attrs:
+            self.storage.set_study_user_attr(self.study_id, fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
+        code = fingerprint.code(self.config)
+        if attrs.get(fingerprint.CODE_ATTR) != code:
+            self.storage.set_study_user_attr(self.study_id, fingerprint.CODE_ATTR, code)
+
     # --- checkpoints, progress, compiled code ---------------------------------------------------
 
     def checkpoints(self, number: int, directory: Path, read_only: bool = False) -> TrialCheckpoints:
@@ -239,7 +276,7 @@ def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
     url = config.storage
     sqlite_path = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
     if sqlite_path is not None and not sqlite_path.exists() and not create:
-        raise SweepError(f"study {config.name!r} not found: no database at {sqlite_path}; run it first")
+        raise StudyNotFound(f"study {config.name!r} not found: no database at {sqlite_path}; run it first")
     had_workdir = config.workdir.exists()
     try:
         with workdir_lock(config, create):
@@ -267,7 +304,7 @@ def _load_study(config: Config, storage: optuna.storages.RDBStorage, create: boo
                                   pruner=build_pruner(config))
     except KeyError:
         if not create:
-            raise SweepError(f"study {config.name!r} does not exist in {config.storage}; run it first") from None
+            raise StudyNotFound(f"study {config.name!r} does not exist in {config.storage}; run it first") from None
         with workdir_lock(config):
             study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
                                         pruner=build_pruner(config), direction=direction, load_if_exists=True)

@@ -5,6 +5,8 @@ Loaders (export, `load_best`) build the template here without importing the trai
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
@@ -44,22 +46,82 @@ def trial_keys(config: Config, number: int) -> tuple[Any, Any]:
     return init_key, train_key
 
 
-def initial_state(config: Config, number: int, hp: Mapping[str, Any]) -> Fresh:
+def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: bool = False) -> Fresh:
     """The fresh training state of trial `number` (also the template to restore into), its data
-    and its kind. `hp` are the trial's hyperparameters (`config.hyperparameters(params)`)."""
+    and its kind. `hp` are the trial's hyperparameters (`config.hyperparameters(params)`).
+
+    `abstract`: the state's shapes and dtypes only (`jax.eval_shape`: nothing is computed).
+    """
     module = config.trial_module
     hp = run_hyperparameters(config, hp)
     data = module.data(hp)
     tx = module.optimizer(hp)
     init_key, train_key = trial_keys(config, number)
-    initial = module.init(hp, init_key, data)
+    initial = _init(module, hp, init_key, data, abstract)
     kind = kind_of(module, initial)
     params, model_state = kind.start(initial)
-    state = {"params": params, "opt_state": tx.init(params), "step": np.zeros((), np.int32), "key": train_key,
+    opt_state = jax.eval_shape(tx.init, params) if abstract else tx.init(params)
+    state = {"params": params, "opt_state": opt_state, "step": np.zeros((), np.int32), "key": train_key,
              "train_loss_sum": np.zeros((), np.float32)}  # the training loss summed since the last evaluation
     if model_state:  # absent for params-only trials: their checkpoints keep their old layout
         state["model_state"] = model_state
     return Fresh(state, data, kind)
+
+
+def _init(module: Any, hp: Mapping[str, Any], key: Any, data: Any, abstract: bool) -> Any:
+    """`module.init(hp, key, data)`, as one compiled program where the trial allows it.
+
+    Run eagerly, a Flax init is hundreds of small operations, each compiled on first use: seconds
+    per new shape (3.5 s for the digits MLP here), in every process. As one jitted program it
+    compiles once per shape, trials of equal shapes share it (float hyperparameters are traced
+    arguments, as in the training window), and JAX's persistent cache serves later processes.
+    The data's arrays are arguments, not constants baked into the program. An init that cannot be
+    traced (it returns an NNX module, or needs concrete data) runs eagerly, remembered per module.
+    """
+    leaves, treedef = jax.tree.flatten(data)
+    is_array = tuple(isinstance(x, (np.ndarray, jax.Array)) for x in leaves)
+    arrays = [x for x, a in zip(leaves, is_array) if a]
+    others = [x for x, a in zip(leaves, is_array) if not a]
+    floats = tuple(sorted(k for k, v in hp.items() if isinstance(v, float)))
+    for traced in (floats, ()) if floats else ((),):
+        static = {k: v for k, v in hp.items() if k not in traced}
+        cache_key = (module.__name__, id(module), repr(sorted(static.items())), traced, treedef, is_array,
+                     repr(others))
+        if (module.__name__, id(module), traced) in _UNTRACEABLE_INIT:
+            continue
+        with _INITS_LOCK:  # a threaded Dask worker runs several trials in one process
+            fn = _INITS.get(cache_key)
+            if fn is None:
+                fn = _INITS[cache_key] = _jitted_init(module, static, treedef, is_array, others)
+                while len(_INITS) > 8:
+                    _INITS.pop(next(iter(_INITS)))
+        try:
+            args = (key, arrays, {k: hp[k] for k in traced})
+            out = jax.eval_shape(fn, *args) if abstract else fn(*args)
+            nnx = sys.modules.get("flax.nnx")
+            if abstract and nnx is not None and isinstance(out, nnx.Module):
+                break  # an abstract NNX module holds abstract typed keys, which NNX cannot split
+            return out
+        except (TypeError, *_TRACE_ERRORS):
+            _UNTRACEABLE_INIT.add((module.__name__, id(module), traced))
+    return module.init(hp, key, data)
+
+
+def _jitted_init(module: Any, static: Mapping[str, Any], treedef: Any, is_array: tuple[bool, ...],
+                 others: list[Any]) -> Any:
+    def init(key: Any, arrays: list[Any], traced_hp: Mapping[str, Any]) -> Any:
+        a, o = iter(arrays), iter(others)
+        data = jax.tree.unflatten(treedef, [next(a) if is_array_ else next(o) for is_array_ in is_array])
+        return module.init({**static, **traced_hp}, key, data)
+
+    return jax.jit(init)
+
+
+_INITS: dict[tuple[Any, ...], Any] = {}  # jitted inits by module, static hyperparameters and data layout
+_INITS_LOCK = threading.Lock()
+_UNTRACEABLE_INIT: set[tuple[Any, ...]] = set()  # (module, traced names) whose init failed to trace
+_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                 jax.errors.TracerArrayConversionError, jax.errors.TracerBoolConversionError)
 
 
 def trial_checkpoints(config: Config, number: int, directory: Path, budget: WriteBudget | None = None,

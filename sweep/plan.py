@@ -1,0 +1,119 @@
+"""`plan`: what `run` would do now, worked out without training or writing anything.
+
+Also the source of `run`'s own start-up lines (which trials it skips and resumes), so the two
+always agree.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from optuna.trial import TrialState
+
+from sweep import fingerprint
+from sweep.best import checkpoint_folder
+from sweep.checkpoints import newest_step
+from sweep.config import Config
+from sweep.session import FINISHED, Session
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    exists: bool  # the study is in its storage already
+    finished: dict[int, str]  # number -> COMPLETE / PRUNED / FAIL: skipped
+    resume: dict[int, int | None]  # number -> newest checkpoint step (None: from step 0)
+    live: list[int]  # RUNNING with a live worker elsewhere: left to it
+    new: int  # trials `run` would ask Optuna for
+    first_new: int  # the number the first new trial gets
+    refused: list[tuple[str, Any, Any]]  # changed trial-defining keys: `run` exits 2
+    code: dict[str, str]  # the trial module's fingerprint now
+    stored_code: dict[str, str] | None  # ... and when the study ran last
+
+    @property
+    def code_changed(self) -> bool:
+        return fingerprint.code_changed(self.stored_code, self.code)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.resume or self.new)
+
+
+def make(session: Session) -> Plan:
+    """The plan of `session`'s study as its storage and checkpoint folders are now. Reads only."""
+    config = session.config
+    code = fingerprint.code(config)
+    if not session.open_existing():
+        return Plan(False, {}, {}, [], config.study.n_trials, 0, [], code, None)
+    trials = session.trials()
+    live = session.live_numbers(trials)
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    return Plan(
+        exists=True,
+        finished={t.number: t.state.name for t in trials if t.state in FINISHED},
+        resume={t.number: _newest(config, t) for t in running if t.number not in live},
+        live=sorted(live),
+        new=max(0, config.study.n_trials - len(trials)),
+        first_new=max((t.number for t in trials), default=-1) + 1,
+        refused=session.meaning_changes(),
+        code=code,
+        stored_code=session.stored_code(),
+    )
+
+
+def _newest(config: Config, trial: Any) -> int | None:
+    folder = checkpoint_folder(config, trial)
+    return newest_step(folder) if folder is not None else None
+
+
+def resume_text(step: int | None) -> str:
+    return f"its newest checkpoint, step {step}" if step is not None else "step 0 (no checkpoint yet)"
+
+
+def code_warning(plan: Plan) -> str:
+    old, new = plan.stored_code or {}, plan.code
+    return (f"the trial code changed since this study last ran: {new['file']} (sha256 {old.get('sha256', '?')[:12]} "
+            f"-> {new['sha256'][:12]}); the trials it runs now use the new code")
+
+
+def text(config: Config, plan: Plan) -> str:
+    """The plan as `python -m sweep plan` prints it."""
+    head = f"study {config.name} ({config.storage})"
+    if not plan.exists:
+        return (f"{head}: new study\n"
+                f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, sampled by {config.study.sampler.type}\n"
+                f"run would create the study and train {plan.new} trial(s)")
+    if plan.refused:
+        lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
+        return f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean changed:\n{lines}"
+    counts = collections.Counter(plan.finished.values())
+    lines = [f"{head}: {len(plan.finished)} of {config.study.n_trials} trial(s) finished"]
+    if plan.finished:
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        lines.append(f"  skip:    trials {ranges(list(plan.finished))} ({states})")
+    for number, step in sorted(plan.resume.items()):
+        lines.append(f"  resume:  trial {number} from {resume_text(step)}")
+    if plan.live:
+        lines.append(f"  running: trials {ranges(plan.live)} (a live worker has them; left to it)")
+    if plan.new:
+        last = plan.first_new + plan.new - 1
+        numbers = f"number {last}" if plan.new == 1 else f"numbers {plan.first_new}-{last}"
+        lines.append(f"  new:     {plan.new} trial(s), {numbers}, sampled by {config.study.sampler.type}")
+    if plan.code_changed:
+        lines.append(f"  warning: {code_warning(plan)}")
+    lines.append(f"run would resume {len(plan.resume)} and start {plan.new} trial(s)" if plan.has_work
+                 else "run would do nothing: the study is finished (raise n_trials to add trials)")
+    return "\n".join(lines)
+
+
+def ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start = [], None
+    numbers = sorted(numbers)
+    for i, n in enumerate(numbers):
+        start = n if start is None else start
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            out.append(str(n) if start == n else f"{start}-{n}")
+            start = None
+    return ", ".join(out)

@@ -1,0 +1,90 @@
+"""Checking a trial's code before anything is created: one abstract training step and evaluation.
+
+`run` and `plan` build the fresh state of a trial at the search space's first point (the trial's
+own `data` and `init`, as every trial does), then trace one training window and `evaluate` with
+`jax.eval_shape`: nothing is compiled or trained. A missing or non-scalar metric, a loss that is
+not a scalar and shape errors are then errors of the study (exit 2, naming the function), not a
+failure of every trial at run time.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Mapping
+
+import numpy as np
+
+from sweep import compiled
+from sweep.config import CategoricalParam, Config
+from sweep.errors import ConfigError
+from sweep.state import initial_state, run_hyperparameters
+
+
+def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
+    """Each parameter's low end (numbers) or first choice (categoricals)."""
+    return {name: p.choices[0] if isinstance(p, CategoricalParam) else p.low for name, p in search_space.items()}
+
+
+def check(config: Config) -> None:
+    """Raise ConfigError if the trial's code cannot train or evaluate (see the module docstring).
+
+    An OSError (a dataset file missing, a full disk) is the machine's, not the study file's: it
+    propagates unchanged.
+    """
+    module, study = config.trial_module, config.study
+    params = first_point(study.search_space)
+    hp = config.hyperparameters(params)
+    with _Blame(config, "init", params):
+        fresh = initial_state(config, 0, hp, abstract=True)
+    state, data = fresh.state, fresh.data
+    fns = compiled.Functions(module, run_hyperparameters(config, hp), compiled.traced_names(study.search_space, hp),
+                             study.train.devices, kind=fresh.kind)
+    model_state = state.get("model_state", {})
+    with _Blame(config, "loss", params):
+        fns.shapes("window", state["params"], state["opt_state"], model_state, state["train_loss_sum"], state["key"],
+                   data, np.int32(0), np.int32(1))
+    with _Blame(config, "evaluate", params):
+        metrics = fns.shapes("evaluate", state["params"], model_state, data)
+    _check_metrics(config, metrics)
+
+
+def _check_metrics(config: Config, metrics: Any) -> None:
+    name = config.study.trial
+    if not isinstance(metrics, Mapping):
+        raise ConfigError(str(config.path), "trial", f"{name}.evaluate must return a mapping of metric names to "
+                          "scalars", type(metrics).__name__)
+    for metric in config.trial_module.METRICS:
+        if metric not in metrics:
+            raise ConfigError(str(config.path), "trial",
+                              f"{name}.evaluate returns no {metric!r}, a metric its METRICS declares "
+                              f"(it returns {', '.join(map(repr, sorted(metrics))) or 'nothing'})")
+        shape = getattr(metrics[metric], "shape", ())
+        if int(np.prod(shape)) != 1:
+            raise ConfigError(str(config.path), "trial", f"{name}.evaluate must return a scalar for metric "
+                              f"{metric!r}, got shape {tuple(shape)}")
+
+
+class _Blame:
+    """Turn an exception of the trial's code into a study error naming the function it came from.
+
+    The function is the outermost frame of the trial module in the traceback (`fallback` when the
+    trial's code is not in it, e.g. an error JAX raises about what `loss` returned).
+    """
+
+    def __init__(self, config: Config, fallback: str, params: Mapping[str, Any]) -> None:
+        self.config, self.fallback, self.params = config, fallback, params
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, (OSError, ConfigError)):
+            return False
+        module = self.config.trial_module
+        source = getattr(module, "__file__", None)
+        frames = [f for f, _ in traceback.walk_tb(tb) if source and f.f_code.co_filename == source]
+        function = frames[0].f_code.co_name if frames else self.fallback
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(str(self.config.path), "trial",
+                          f"{module.__name__}.{function} raised {type(exc).__name__}: {message} (checked before "
+                          f"anything was created, at hyperparameters {dict(self.params)})") from None
