@@ -33,21 +33,26 @@ from sweep.session import Session
 @dataclasses.dataclass
 class DrillReport:
     killed_at_step: int
+    aimed_at_step: int  # the random evaluation step; the kill waits for a committed checkpoint too
     resumed_from_step: int
     lost_steps: int
     lost_seconds: float
     restart_to_restored_s: float  # restart -> state restored (the "resumed from step" line)
     restart_to_first_new_step_s: float  # restart -> first training step after the resume step
     bit_identical: bool
+    why_none: str  # why the restart began at step 0, if it did
     differences: list[str]
 
     def lines(self) -> list[str]:
         return [
-            f"killed (SIGKILL) at step        {self.killed_at_step}",
+            f"killed (SIGKILL) at step        {self.killed_at_step}" + (
+                f" (aimed at step {self.aimed_at_step}; waited for the first committed checkpoint)"
+                if self.killed_at_step > self.aimed_at_step and self.resumed_from_step > self.aimed_at_step else ""),
             f"resumed from step               {self.resumed_from_step}",
             f"work lost                       {self.lost_steps} steps, {self.lost_seconds:.2f} s",
             "recovery: restart -> restored   " + (f"{self.restart_to_restored_s:.2f} s"
-                                                   if self.resumed_from_step else "- (no checkpoint yet: from step 0)"),
+                                                   if self.resumed_from_step else
+                                                   f"- (no checkpoint had been committed at the kill: {self.why_none})"),
             f"recovery: restart -> new step   {self.restart_to_first_new_step_s:.2f} s",
             f"bit-identical to uninterrupted  {'yes' if self.bit_identical else 'NO'}",
             *[f"  differs: {d}" for d in self.differences],
@@ -111,11 +116,14 @@ class _Watched:
         return None
 
 
-def _kill_after(victim: _Watched, session: Session, step: int) -> None:
-    """SIGKILL `victim` as soon as its trial has reported `step`.
+def _kill_after(victim: _Watched, session: Session, step: int, ckpt_dir: Path, last: int) -> None:
+    """SIGKILL `victim` as soon as its trial has reported `step` and committed a checkpoint, or
+    reported `last` (its last evaluation before the end) without one.
 
-    Polls one open session (a fresh `load_study` per poll costs tens of ms, long enough for a
-    fast trial to run to its end between two polls on a loaded machine).
+    Without a committed checkpoint a kill proves little about recovery (the restart begins at
+    step 0), so on a trial too fast for its cadence the kill waits for the first one. Polls one
+    open session (a fresh `load_study` per poll costs tens of ms, long enough for a fast trial
+    to run to its end between two polls on a loaded machine).
     """
     while True:
         if victim.proc.poll() is not None:
@@ -123,10 +131,11 @@ def _kill_after(victim: _Watched, session: Session, step: int) -> None:
             if victim.proc.returncode != 0:
                 raise SweepError(f"the drill's run failed (exit {victim.proc.returncode}):\n"
                                  + "".join(line for _, line in victim.lines).strip())
-            raise SweepError(f"the drill's run finished before it could be killed at step {step}; "
-                             "use more train.steps")
+            raise SweepError(f"the drill's run finished before it could be killed at step {step} with a "
+                             "checkpoint committed; use more train.steps or a shorter checkpoint cadence")
         trial = _trial(session) if session.config.workdir.exists() else None
-        if trial is not None and max(trial.intermediate_values, default=0) >= step:
+        reported = max(trial.intermediate_values, default=0) if trial is not None else 0
+        if reported >= step and (newest_step(ckpt_dir) is not None or reported >= last):
             os.kill(victim.proc.pid, signal.SIGKILL)
             return
         time.sleep(0.002)
@@ -139,6 +148,14 @@ def _compare(ref: optuna.trial.FrozenTrial, got: optuna.trial.FrozenTrial) -> li
         if a != b:
             out.append(f"{name}: uninterrupted {a!r} vs resumed {b!r}"[:300])
     return out
+
+
+def _why_none(config: Config, killed_step: int) -> str:
+    c = config.study.checkpoint
+    cadence = " / ".join(x for x in (f"every_steps: {c.every_steps}" if c.every_steps else "",
+                                       f"every_seconds: {c.every_seconds:g}" if c.every_seconds else "") if x)
+    return (f"the trial reached step {killed_step} of {config.study.train.steps} before its checkpoint cadence "
+            f"({cadence}) came due; the restart began at step 0")
 
 
 def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillReport:
@@ -159,7 +176,7 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         sessions.append(session)
         ckpt_dir = session.config.checkpoint_dir(0)
         victim = _Watched(drilled)
-        _kill_after(victim, session, kill_at)
+        _kill_after(victim, session, kill_at, ckpt_dir, evals[-1])
         killed_time = time.time()
         victim.proc.wait()
         killed_step = max(_finished_trial(session).intermediate_values)
@@ -176,10 +193,10 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         since = saved_time if saved_time else victim.start_wall + (started[0] if started else 0.0)
         differences = _compare(ref, session.trial(0))
         return DrillReport(
-            killed_at_step=killed_step, resumed_from_step=resumed, lost_steps=killed_step - resumed,
+            killed_at_step=killed_step, aimed_at_step=kill_at, resumed_from_step=resumed, lost_steps=killed_step - resumed,
             lost_seconds=killed_time - since, restart_to_restored_s=restored[0] if restored else float("nan"),
             restart_to_first_new_step_s=first_step[0] if first_step else float("nan"),
-            bit_identical=not differences, differences=differences)
+            bit_identical=not differences, differences=differences, why_none=_why_none(config, killed_step))
     finally:
         for opened in sessions:
             opened.close()

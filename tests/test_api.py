@@ -327,6 +327,40 @@ def test_reading_a_study_never_run_raises_and_creates_nothing(tmp_path, monkeypa
     assert listing(tmp_path) == before and not Path(study["workdir"]).exists()
 
 
+def test_run_with_a_trial_missing_a_metric_raises_before_anything_exists(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, "api_no_mae")
+    (tmp_path / "api_no_mae.py").write_text(TRIAL_SOURCE.replace('"val_mae": jnp.mean', '"mae": jnp.mean'))
+    before = listing(tmp_path)
+    with sweep.open(study) as session:
+        with pytest.raises(sweep.ConfigError, match=r"api_no_mae.evaluate returns no 'val_mae', a metric its "
+                                                    r"METRICS declares \(it returns 'mae', 'val_loss'\)"):
+            session.run()
+        with pytest.raises(sweep.ConfigError, match="api_no_mae.evaluate returns no 'val_mae'"):
+            session.plan()
+    assert listing(tmp_path) == before
+
+
+def test_a_changed_study_is_refused_by_run_and_plan_and_a_steering_change_is_not(finished, monkeypatch):
+    monkeypatch.chdir(finished.root)
+    changed = {**finished.study, "search_space": {"learning_rate": {"type": "float", "low": 1e-3, "high": 0.2,
+                                                                    "log": True}},
+               "train": {**finished.study["train"], "seed": 1}}
+    db = Path(finished.study["workdir"]) / "study.db"
+    rows = db.stat().st_mtime_ns
+    with sweep.open(changed) as session:
+        with pytest.raises(sweep.ConfigError) as raised:
+            session.run()
+        plan = session.plan()
+    assert "search_space.learning_rate.high: 0.3 -> 0.2" in str(raised.value)
+    assert "train.seed: 0 -> 1" in str(raised.value) and "nothing was created or changed" in str(raised.value)
+    assert [key for key, _, _ in plan.refused] == ["search_space.learning_rate.high", "train.seed"]
+    assert db.stat().st_mtime_ns == rows
+    with sweep.open({**finished.study, "n_trials": 4, "checkpoint": {"every_steps": 10}}) as session:
+        plan = session.plan()  # steering keys: no refusal; one trial to add
+    assert not plan.refused and plan.new == 1 and plan.first_new == 3 and len(plan.finished) == 3
+
+
 # --- process hygiene -------------------------------------------------------------------------------
 
 

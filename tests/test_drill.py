@@ -30,17 +30,22 @@ def test_drill_on_example_study_reports_recovery_and_bit_identity(tmp_path):
     resumed = int(re.search(r"resumed from step\s+(\d+)", out).group(1))
     lost = int(re.search(r"work lost\s+(\d+) steps, [\d.]+ s", out).group(1))
     assert 0 < killed < 2000 and 0 <= resumed <= killed and lost == killed - resumed
+    if resumed == 0:  # the example's 30 s cadence outlasts its trial: said plainly, with the reason
+        assert "no checkpoint had been committed at the kill: the trial reached step" in out
     assert re.search(r"restart -> new step\s+[\d.]+ s", out)
     assert re.search(r"bit-identical to uninterrupted\s+yes", out)
     assert not (tmp_path / "runs").exists()  # the drill works in a temporary workdir
 
 
-def test_drill_with_step_cadence_resumes_from_a_checkpoint(write_study):
-    study = write_study(train={"steps": 2000, "eval_every": 100}, checkpoint={"every_steps": 200})
-    result = run_cli("drill", study, "--seed", "4", cwd=study.parent)
+def test_drill_on_a_trial_too_fast_for_its_cadence_waits_for_the_first_committed_checkpoint(write_study):
+    # Seed 2 aims the kill at step 200; the first save is at step 1000.
+    study = write_study(train={"steps": 2000, "eval_every": 100}, checkpoint={"every_steps": 1000})
+    result = run_cli("drill", study, "--seed", "2", cwd=study.parent)
     assert result.returncode == 0, result.stderr
     resumed = int(re.search(r"resumed from step\s+(\d+)", result.stdout).group(1))
-    assert resumed > 0 and resumed % 100 == 0
+    killed = int(re.search(r"killed \(SIGKILL\) at step\s+(\d+)", result.stdout).group(1))
+    assert resumed == 1000 and killed >= 1000
+    assert "(aimed at step 200; waited for the first committed checkpoint)" in result.stdout
     assert re.search(r"restart -> restored\s+[\d.]+ s", result.stdout)
 
 
