@@ -21,6 +21,8 @@ TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, 
 # curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
 EVAL_ATTR_PREFIX = "eval:"
 TRAIN_LOSS = "train_loss"  # beside the declared metrics in each eval:<step>: the mean training loss
+# Trial user attribute: what its runs compiled, summed ({"compilations", "cache_hits", "compile_seconds"}).
+COMPILES_ATTR = "compiles"
 
 
 def checkpoint_folder(config: Config, trial: FrozenTrial) -> Path | None:

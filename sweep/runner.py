@@ -71,6 +71,7 @@ def run_trial(
     on_restore: Callable[[int], None] | None = None,
     on_step: Callable[[int, int], None] | None = None,
     on_evaluation: Callable[[int, dict[str, float]], None] | None = None,
+    on_compiles: Callable[[dict[str, float]], None] | None = None,
 ) -> Outcome:
     """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
 
@@ -85,6 +86,9 @@ def run_trial(
             when the trial stops running here (the progress view's source of the current step).
         on_evaluation: called with (step, metrics) for every new evaluation: every metric the
             trial declares, plus "train_loss" (the mean training loss since the last evaluation).
+        on_compiles: called once the trial stops running here (also on a signal or an error)
+            with what this run of it compiled: {"compilations", "cache_hits", "compile_seconds"}
+            (process-wide counters: exact while the process runs one trial at a time).
 
     Raises:
         Interrupted: a signal arrived; the current step was checkpointed first.
@@ -188,6 +192,9 @@ def run_trial(
         if on_step is not None:
             on_step(number, -1)
         done = compiled.COMPILES - compiles_before
+        if on_compiles is not None:
+            on_compiles({"compilations": compiled.compilations(done), "cache_hits": done["cache_hits"],
+                         "compile_seconds": round(done["compile_seconds"], 3)})
         log.debug("trial %d: %d XLA compilation(s) (window %d, evaluate %d; %.1f s), %d executable(s) from the "
                   "persistent cache", number, compiled.compilations(done), compiled.compilations(done, "window"),
                   compiled.compilations(done, "evaluate"), done["compile_seconds"], done["cache_hits"])

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
-from sweep.best import eval_attr, metrics_at
+from sweep.best import COMPILES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.runner import Outcome, run_trial
@@ -143,7 +143,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                                 dict(frozen.intermediate_values), ckpt, stop,
                                 on_restore=lambda step: _record_resume(session, trial, step),
                                 on_step=session.on_step,
-                                on_evaluation=lambda step, metrics: trial.set_user_attr(eval_attr(step), metrics))
+                                on_evaluation=lambda step, metrics: trial.set_user_attr(eval_attr(step), metrics),
+                                on_compiles=lambda counts: _record_compiles(session, trial, counts))
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
@@ -166,6 +167,14 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             frozen = session.trial(number)  # the failed attempt's new reports
         finally:
             ckpt.close()
+
+
+def _record_compiles(session: Session, trial: optuna.Trial, counts: dict[str, float]) -> None:
+    """Add this run's compile counts to the trial's `compiles` user attribute (all its runs)."""
+    before = session.trial(trial.number).user_attrs.get(COMPILES_ATTR) or {}
+    total = {k: before.get(k, 0) + v for k, v in counts.items()}
+    total["compile_seconds"] = round(total["compile_seconds"], 3)
+    trial.set_user_attr(COMPILES_ATTR, total)
 
 
 def _record_resume(session: Session, trial: optuna.Trial, step: int) -> None:

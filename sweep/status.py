@@ -7,7 +7,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_of_reports, checkpoint_folder, metrics_at, train_loss_at
+from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep.checkpoints import newest_mtime
 from sweep.config import sign
 from sweep.session import Session
@@ -52,6 +52,8 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "resumes": int(attrs.get("resumes", 0)),
         "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
         "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
+        # XLA compilations, executables from the persistent cache and compile seconds, all its runs
+        "compiles": attrs.get(COMPILES_ATTR),
     }
 
 

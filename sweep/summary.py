@@ -18,6 +18,9 @@ def text(session: Session) -> str:
     lines = [f"study {config.name}: {finished}/{config.study.n_trials} trials finished "
              f"({counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
              f"{counts[TrialState.FAIL]} failed)"]
+    compiles = _compiles(session)
+    if compiles:
+        lines.append(compiles)
     best = session.best_trial()
     if best is None:
         lines.append(no_complete_trial(session) or "no trial completed yet")
@@ -50,3 +53,15 @@ def no_complete_trial(session: Session) -> str | None:
         example = next(e for e in errors if e.partition(":")[0] == kind)
         line += f"; most common failure ({count} of {states[TrialState.FAIL]}): {example}"
     return line
+
+
+def _compiles(session: Session) -> str | None:
+    """What the study's trials compiled, summed over their runs (None before any was recorded)."""
+    from sweep.best import COMPILES_ATTR
+
+    counts = [t.user_attrs[COMPILES_ATTR] for t in session.trials() if t.user_attrs.get(COMPILES_ATTR)]
+    if not counts:
+        return None
+    total = {k: sum(c.get(k, 0) for c in counts) for k in ("compilations", "cache_hits", "compile_seconds")}
+    return (f"compilation: {total['compilations']} XLA compilation(s) in {total['compile_seconds']:.1f} s, "
+            f"{total['cache_hits']} executable(s) from the persistent cache, over {len(counts)} trial(s)")

@@ -159,6 +159,22 @@ def test_status_json_follows_the_contract(write_study):
     assert table.returncode == 0 and "COMPLETE" in table.stdout and "*" in table.stdout
 
 
+def test_compiles_are_counted_per_trial_and_a_new_process_compiles_nothing_cached(write_study):
+    # Every trial of the same shapes: the second process finds all it needs in the study's cache.
+    shapes = dict(search_space={"learning_rate": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
+                  fixed={"batch_size": 32, "hidden": 32}, train={"steps": 100, "eval_every": 50})
+    study = write_study(n_trials=1, **shapes)
+    assert run_cli("run", study, cwd=study.parent).returncode == 0
+    study = write_study(n_trials=2, **shapes)
+    again = run_cli("run", study, cwd=study.parent)
+    assert again.returncode == 0, again.stderr
+    first, second = json.loads(run_cli("status", study, "--json").stdout)["trials"]
+    assert first["compiles"]["compilations"] > 0 and first["compiles"]["compile_seconds"] > 0
+    assert second["compiles"]["compilations"] == 0 and second["compiles"]["cache_hits"] > 0, second["compiles"]
+    assert re.search(r"compilation: \d+ XLA compilation\(s\) in [\d.]+ s, \d+ executable\(s\) from the "
+                     r"persistent cache, over 2 trial\(s\)", again.stdout), again.stdout
+
+
 def test_status_of_missing_study_is_a_clear_error(write_study, tmp_path):
     study = write_study()
     result = run_cli("status", study)
