@@ -27,6 +27,10 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     optuna.logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
     for name in ("absl", "jax", "orbax"):
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
+    # After a failed Orbax restore, the exception of one of its asyncio tasks may be collected at
+    # exit unretrieved, and asyncio logs it with its traceback (at ERROR): the restore error itself
+    # is reported to the user, so this echo is library noise too.
+    logging.getLogger("asyncio").setLevel(logging.INFO if verbose else logging.CRITICAL)
     if not verbose:
         sys.unraisablehook = _quiet_closed_loop
 

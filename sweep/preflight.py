@@ -40,7 +40,7 @@ def check(config: Config) -> None:
     fns = compiled.Functions(module, run_hyperparameters(config, hp), compiled.traced_names(study.search_space, hp),
                              study.train.devices, kind=fresh.kind)
     model_state = state.get("model_state", {})
-    with _Blame(config, "loss", params):
+    with _Blame(config, "training step (batch, loss, optimizer)", params):
         fns.shapes("window", state["params"], state["opt_state"], model_state, state["train_loss_sum"], state["key"],
                    data, np.int32(0), np.int32(1))
     with _Blame(config, "evaluate", params):
@@ -67,8 +67,8 @@ def _check_metrics(config: Config, metrics: Any) -> None:
 class _Blame:
     """Turn an exception of the trial's code into a study error naming the function it came from.
 
-    The function is the outermost frame of the trial module in the traceback (`fallback` when the
-    trial's code is not in it, e.g. an error JAX raises about what `loss` returned).
+    The function is the outermost frame of the trial module in the traceback; `fallback` names
+    the stage when the trial's code is not in it (an error JAX raises about what `loss` returned).
     """
 
     def __init__(self, config: Config, fallback: str, params: Mapping[str, Any]) -> None:
@@ -83,8 +83,8 @@ class _Blame:
         module = self.config.trial_module
         source = getattr(module, "__file__", None)
         frames = [f for f, _ in traceback.walk_tb(tb) if source and f.f_code.co_filename == source]
-        function = frames[0].f_code.co_name if frames else self.fallback
+        where = f"{module.__name__}.{frames[0].f_code.co_name}" if frames else f"{module.__name__}'s {self.fallback}"
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(str(self.config.path), "trial",
-                          f"{module.__name__}.{function} raised {type(exc).__name__}: {message} (checked before "
-                          f"anything was created, at hyperparameters {dict(self.params)})") from None
+                          f"{where} raised {type(exc).__name__}: {message} (checked before anything was "
+                          f"created, at hyperparameters {dict(self.params)})") from None

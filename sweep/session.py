@@ -79,6 +79,8 @@ class Session:
 
     def open_existing(self) -> bool:
         """Open the study if it exists, creating nothing; False if it does not (yet)."""
+        if not _initialised(self.config):
+            return False
         try:
             self.open(create=False)
         except StudyNotFound:
@@ -197,10 +199,20 @@ class Session:
         self.check_unchanged()
         attrs = self.storage.get_study_user_attrs(self.study_id)
         if fingerprint.STUDY_ATTR not in attrs:
-            self.storage.set_study_user_attr(self.study_id, fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
+            self._set_study_attr(fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
+            self.check_unchanged()  # another worker may have stored its file first
         code = fingerprint.code(self.config)
         if attrs.get(fingerprint.CODE_ATTR) != code:
-            self.storage.set_study_user_attr(self.study_id, fingerprint.CODE_ATTR, code)
+            self._set_study_attr(fingerprint.CODE_ATTR, code)
+
+    def _set_study_attr(self, key: str, value: Any) -> None:
+        """Set a study user attribute that several workers may set at once: Optuna inserts the row
+        when it finds none, so a racing worker's insert fails on the unique key; theirs stands."""
+        try:
+            self.storage.set_study_user_attr(self.study_id, key, value)
+        except Exception:
+            if key not in self.storage.get_study_user_attrs(self.study_id):
+                raise
 
     # --- checkpoints, progress, compiled code ---------------------------------------------------
 
@@ -265,6 +277,36 @@ def workdir_lock(config: Config, create: bool = True) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _initialised(config: Config) -> bool:
+    """Whether the study's storage holds Optuna's schema, completely: a reader must not open one
+    that a creator is setting up right now, since RDBStorage would create or stamp the missing
+    parts itself, racing with it (PostgreSQL: a unique violation on Optuna's types for one of
+    them). The schema's last steps are the version row and Alembic's stamp.
+
+    Raises:
+        SweepError: the storage cannot be reached.
+    """
+    import sqlalchemy as sa
+
+    url = config.storage
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return False  # connecting would create the file
+    try:
+        engine = sa.create_engine(url, **storage_kwargs(url))
+    except Exception as exc:  # a missing driver, a malformed URL
+        raise SweepError(f"cannot open storage {url}: {exc}") from None
+    try:
+        with engine.connect() as conn:
+            tables = sa.inspect(conn).get_table_names()
+            if "version_info" not in tables or "alembic_version" not in tables:
+                return False
+            return conn.exec_driver_sql("SELECT COUNT(*) FROM alembic_version").scalar() > 0
+    except sa.exc.SQLAlchemyError as exc:
+        raise SweepError(f"cannot open storage {url}: {exc}") from None
+    finally:
+        engine.dispose()
 
 
 def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:

@@ -24,9 +24,15 @@ PID_TRIAL = textwrap.dedent("""
     from trials import digits_mlp
     from trials.digits_mlp import HYPERPARAMETERS, METRICS, data, init, optimizer, batch, evaluate, test
 
-    def loss(hp, params, batch, key):
+    import jax
+
+    def _record():
         with open("pids.txt", "a") as fh:
             fh.write(f"{os.getpid()}\\n")
+
+    def loss(hp, params, batch, key):
+        # When a step runs, not when it is traced (the CLI traces one step before it dispatches).
+        jax.debug.callback(_record)
         return digits_mlp.loss(hp, params, batch, key)
 """)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO, Running, checkpoint_dir, cli_env, kill9, snapshot, study_of, wait_for_checkpoint
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
@@ -76,11 +78,11 @@ def test_more_devices_than_jax_sees_is_a_study_file_error(write_study):
     assert not (study.parent / "runs").exists()
 
 
-def test_batch_not_divisible_by_devices_fails_the_trial_clearly(write_study):
+def test_batch_not_divisible_by_devices_is_a_study_error_before_anything_exists(write_study):
     study = write_study(**{**SETTINGS, "n_trials": 1, "fixed": {"batch_size": 30}})
     proc = Running("run", study, cwd=study.parent, env=FOUR)
-    assert proc.finish() == 1, proc.stderr  # its only trial failed: "no trial completed"
-    assert "error: no trial completed: 1 failed, 0 pruned" in proc.stderr
-    assert "train.devices: 4 devices must divide the leading axis of every batch array, got shape (30, 64)" \
-        in proc.stderr
-    assert study_of(study).trials[0].state.name == "FAIL"
+    assert proc.finish() == 2, proc.stderr  # found by the check before anything is created
+    assert "trials.digits_mlp's training step (batch, loss, optimizer) raised ValueError: train.devices: 4 " \
+           "devices must divide the leading axis of every batch array, got shape (30, 64)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not Path(yaml.safe_load(study.read_text())["workdir"]).exists()

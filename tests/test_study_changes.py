@@ -145,7 +145,8 @@ BAD_LOSS = (REPO / "trials" / "digits_mlp.py").read_text().replace(
 @pytest.mark.parametrize("source, message", [
     (BAD_METRIC, "trial: bad_trial.evaluate returns no 'val_loss', a metric its METRICS declares "
                  "(it returns 'valid_accuracy', 'valid_loss')"),
-    (BAD_LOSS, "trial: bad_trial.loss raised TypeError: Gradient only defined for scalar-output functions"),
+    (BAD_LOSS, "trial: bad_trial's training step (batch, loss, optimizer) raised TypeError: Gradient only "
+               "defined for scalar-output functions"),
 ], ids=["wrong-metric-name", "loss-not-scalar"])
 def test_broken_trial_code_is_exit_2_before_anything_exists(write_study, source, message):
     assert source != (REPO / "trials" / "digits_mlp.py").read_text()
