@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from sweep.errors import Interrupted, SweepError
 
@@ -44,15 +44,23 @@ def core_shares(n_jobs: int) -> list[list[int]]:
     return [[cpus[i % len(cpus)]] for i in range(n_jobs)]
 
 
-def _pin(cpus: list[int]) -> None:
-    """Run this process on `cpus` only; effective for XLA when called before JAX starts its backend.
+def _pin(cpus: Iterable[int]) -> None:
+    """Run this process, every thread of it, on `cpus` only.
 
-    XLA's CPU thread pools are as large as the CPUs a process may run on (sched_getaffinity), so
-    N workers would each start a pool per core and oversubscribe the machine. XLA flags that limit
-    the pools would do the same, but they are part of JAX's compilation-cache key, so workers would
-    miss the executables cached by a one-process run; an affinity mask changes no key.
+    XLA's CPU thread pools are as large as the CPUs a process may run on (sched_getaffinity) when
+    JAX starts its backend, so N workers would each start a pool per core and oversubscribe the
+    machine. XLA flags that limit the pools would do the same, but they are part of JAX's
+    compilation-cache key, so workers would miss the executables cached by a one-process run; an
+    affinity mask changes no key. A mask is per thread: threads started before (XLA's pools, if
+    the backend already started: the checks before a run may start it) are pinned one by one,
+    and later ones inherit it.
     """
-    os.sched_setaffinity(0, cpus)
+    cpus = list(cpus)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):  # a thread that just ended
+            pass
 
 
 def prestart(study_file: str, n_jobs: int | None) -> None:
@@ -226,7 +234,7 @@ def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = F
         helpers.join()
         raise
     finally:
-        os.sched_setaffinity(0, cpus)  # a Python caller (a notebook) gets its cores back
+        _pin(cpus)  # a Python caller (a notebook) gets its cores back
     helpers.join()
 
 

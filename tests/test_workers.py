@@ -166,12 +166,12 @@ def test_n_jobs_2_processes_train_on_disjoint_shares_of_the_cores(write_study):
     (study.parent / "affinity_trial.py").write_text(AFFINITY_TRIAL)
     result = run_cli("run", study, "--n-jobs", "2", cwd=study.parent)
     assert result.returncode == 0, result.stderr
-    seen: dict[int, list[int]] = {}
+    seen: dict[int, set[str]] = {}  # every mask a step of each process ran under
     for line in (study.parent / "affinity.txt").read_text().splitlines():
         pid, _, mask = line.partition(" ")
-        seen[int(pid)] = ast.literal_eval(mask)
-    assert len(seen) == 2, seen  # both processes trained
-    masks = sorted(seen.values())
+        seen.setdefault(int(pid), set()).add(mask)
+    assert len(seen) == 2 and all(len(m) == 1 for m in seen.values()), seen  # both trained, pinned throughout
+    masks = sorted(ast.literal_eval(m.pop()) for m in seen.values())
     if len(cpus) >= 2:  # each on its own half: XLA's pools are sized to it, no oversubscription
         assert masks == sorted([cpus[0::2], cpus[1::2]]), masks
     else:
