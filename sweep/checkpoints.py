@@ -7,8 +7,11 @@ training continues while the bytes go to disk.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -20,8 +23,28 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from sweep import integrity
+from sweep.errors import DiskFault
 
 log = logging.getLogger("sweep")
+
+
+# Errors of the disk, not of the trial: they stop the run and leave the trial resumable.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # how tensorstore (Orbax's array writer) says it
+
+
+def disk_errno(exc: BaseException) -> int | None:
+    """The errno of a disk fault in `exc` or its causes (OSError, or tensorstore's message)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            return exc.errno
+        code = _OS_ERROR_CODE.search(str(exc))
+        if code and int(code.group(1)) in DISK_ERRNOS:
+            return int(code.group(1))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
 
 
 class DamagedCheckpoint(Exception):
@@ -86,9 +109,14 @@ class TrialCheckpoints:
             create=not read_only,
             read_only=read_only,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        except Exception as exc:
+            self._raise_disk_fault(exc, None)
+            raise
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
         self._pending: Future[None] | None = None
+        self._writing: int | None = None  # the step the writer is on
         self.last_saved: int | None = self._manager.latest_step()
 
     def latest_step(self) -> int | None:
@@ -184,11 +212,32 @@ class TrialCheckpoints:
         start = time.monotonic()
         try:
             self._write_items(items)
+        except Exception as exc:
+            self._raise_disk_fault(exc, self._writing)
+            raise
         finally:
             self.budget.record(time.monotonic() - start)
 
+    def _raise_disk_fault(self, exc: Exception, step: int | None) -> None:
+        """Raise DiskFault (one line: trial, step, folder, the errno's meaning) if `exc` is one,
+        after removing the partial step so its space is free again; return if it is not."""
+        code = disk_errno(exc)
+        if code is None:
+            return
+        for partial in self.directory.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
+        if step is not None and not (self.directory / str(step)).exists():
+            sums = integrity.sums_dir(self.directory)
+            for stale in (sums / f"{step}{integrity.SIDE_SUFFIX}", sums / f".{step}.tmp"):
+                stale.unlink(missing_ok=True)
+        what = f"its checkpoint of step {step}" if step is not None else "its checkpoint folder"
+        raise DiskFault(f"{self.label}: cannot write {what} to {self.directory}: {os.strerror(code)} "
+                        f"({errno.errorcode[code]}); its committed steps are intact and it stays resumable: "
+                        "free space (or fix the disk) and run the same command") from None
+
     def _write_items(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
         for step, state, metrics in items:
+            self._writing = step
             # The checksum is durable before the step exists, so a committed step always has one.
             integrity.write_checksum(self.directory, step, integrity.checksum(state))
             self._manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True)
@@ -220,7 +269,11 @@ class TrialCheckpoints:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
-            self._manager.close()
+            try:
+                self._manager.close()
+            except Exception as exc:
+                if disk_errno(exc) is None:
+                    raise
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())

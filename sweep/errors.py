@@ -45,3 +45,8 @@ class Interrupted(SweepError):
 
 class NonFiniteMetric(SweepError):
     """A trial reported NaN/inf: deterministic, so it fails at once (no retry)."""
+
+
+class DiskFault(SweepError):
+    """The checkpoint disk failed (full, read-only, quota, I/O error): the machine's fault, not the
+    trial's. The run stops (exit 1); the trial stays resumable, its committed steps intact."""

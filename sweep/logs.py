@@ -25,8 +25,10 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     import optuna
 
     optuna.logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
+    # Orbax logs a failed write at ERROR, with its traceback, before raising it; sweep reports it
+    # as one line (a full disk, say), so only CRITICAL gets through without --verbose.
     for name in ("absl", "jax", "orbax"):
-        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.CRITICAL)
     # After a failed Orbax restore, the exception of one of its asyncio tasks may be collected at
     # exit unretrieved, and asyncio logs it with its traceback (at ERROR): the restore error itself
     # is reported to the user, so this echo is library noise too.

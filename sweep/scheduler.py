@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import plan as plan_lib
 from sweep.best import COMPILES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
-from sweep.errors import Interrupted, NonFiniteMetric
+from sweep.errors import DiskFault, Interrupted, NonFiniteMetric
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import suggest_all
 from sweep.session import Session
@@ -152,7 +152,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 trial.set_user_attr(name, value)
             ckpt.wait()
             return outcome
-        except Interrupted:  # checkpointed and logged by the runner; the trial stays resumable
+        except (Interrupted, DiskFault):  # the trial stays resumable: not its fault, no retry charged
             raise
         except Exception as exc:  # a trial that raises fails alone; the study goes on
             failures += 1

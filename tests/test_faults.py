@@ -1,15 +1,21 @@
-"""Faults at random moments, and many processes on one SQLite study with a reader polling it."""
+"""Faults at random moments, a full checkpoint disk, and many processes on one SQLite study with a reader
+polling it."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import shutil
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from conftest import Running, kill9, run_cli, snapshot, study_of
 
@@ -83,3 +89,47 @@ def test_four_processes_and_a_polling_reader_share_one_sqlite_study(write_study)
     assert started == list(range(8))  # no trial run twice
     trials = study_of(study).trials
     assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(folder, size): a tmpfs of `size` at `folder`, unmounted after the test."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full disk is a real tmpfs here, and mounting one needs root and mount(8)")
+    mounted: list[Path] = []
+
+    def mount(folder: Path, size: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        options = f"size={size}" if folder not in mounted else f"remount,size={size}"
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            pytest.skip(f"mounting a tmpfs is not permitted here: {result.stderr.strip()}")
+        mounted.append(folder)
+
+    yield mount
+    for folder in set(mounted):
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def test_full_checkpoint_disk_stops_the_run_and_the_study_resumes_once_space_is_freed(
+        write_study, reference, small_disk):
+    study = write_study()
+    workdir = Path(yaml.safe_load(study.read_text())["workdir"])
+    small_disk(workdir / "checkpoints", "400k")  # a few trials' checkpoints; the database is elsewhere
+    full = run_cli("run", study, cwd=study.parent)
+    assert full.returncode == 1, full.stderr
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: trial (\d+): cannot write its checkpoint of step \d+ to \S+/trial_\d{4}: No space left on device "
+        r"\(ENOSPC\); its committed steps are intact and it stays resumable: free space \(or fix the disk\) and run "
+        r"the same command", errors[0]), full.stderr
+    assert "Traceback" not in full.stderr and "ERROR:absl" not in full.stderr
+    trials = study_of(study).trials
+    assert trials and not [t.number for t in trials if t.state.name == "FAIL" or "failures" in t.user_attrs]
+    assert not list((workdir / "checkpoints").glob("*/*.orbax-checkpoint-tmp*"))  # the partial step is gone
+
+    small_disk(workdir / "checkpoints", "64m")  # space freed
+    again = run_cli("run", study, cwd=study.parent)
+    assert again.returncode == 0, again.stderr
+    assert snapshot(study) == reference()
