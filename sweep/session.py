@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -324,10 +325,7 @@ def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
         with workdir_lock(config, create):
             if sqlite_path is not None:
                 sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                storage = optuna.storages.RDBStorage(url, engine_kwargs=storage_kwargs(url))
-            except Exception as exc:  # bad host, bad password, missing driver ...
-                raise SweepError(f"cannot open storage {url}: {exc}") from None
+            storage = _rdb_storage(url)
             if sqlite_path is not None and create:
                 with storage.engine.connect() as conn:
                     conn.exec_driver_sql("PRAGMA journal_mode=WAL")
@@ -336,6 +334,26 @@ def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
         if create and not had_workdir:
             shutil.rmtree(config.workdir, ignore_errors=True)
         raise
+
+
+# Another process (optuna-dashboard, `optuna.load_study`, a worker on another host) may be creating
+# Optuna's schema in the same database at the same moment: its tables, types, version row and
+# Alembic stamp. The loser of that race gets a unique-key error; opening again finds it complete.
+_CREATION_RACE = ("UNIQUE constraint failed", "already exists", "duplicate key", "UniqueViolation",
+                  "IntegrityError")
+OPEN_ATTEMPTS = 8
+
+
+def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=storage_kwargs(url))
+        except Exception as exc:  # bad host, bad password, missing driver ... or the race above
+            if attempt + 1 < OPEN_ATTEMPTS and any(m in f"{type(exc).__name__}: {exc}" for m in _CREATION_RACE):
+                time.sleep(0.05 * 2 ** attempt)
+                continue
+            raise SweepError(f"cannot open storage {url}: {exc}") from None
+    raise AssertionError("unreachable")
 
 
 def _load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool) -> optuna.Study:

@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -133,3 +134,33 @@ def test_full_checkpoint_disk_stops_the_run_and_the_study_resumes_once_space_is_
     again = run_cli("run", study, cwd=study.parent)
     assert again.returncode == 0, again.stderr
     assert snapshot(study) == reference()
+
+
+READER = """
+import sys, time, optuna
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+url, name, until = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+while time.monotonic() < until:  # what optuna-dashboard or a notebook does: open, load, again
+    try:
+        optuna.load_study(study_name=name, storage=url)
+    except Exception:
+        pass
+"""
+
+
+def test_a_plain_optuna_reader_polling_while_run_creates_the_study_breaks_nothing(write_study):
+    # (This did not reproduce the race on this machine with the retry taken out; it shows that
+    # readers polling from the first moment break nothing.)
+    for i in range(2):
+        study = write_study(f"r{i}.yaml", name=f"r{i}", n_trials=1, train={"steps": 100, "eval_every": 50})
+        workdir = Path(yaml.safe_load(study.read_text())["workdir"])
+        readers = [subprocess.Popen([sys.executable, "-c", READER, f"sqlite:///{workdir}/study.db", f"r{i}", "30"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+        try:
+            result = run_cli("run", study, cwd=study.parent)
+        finally:
+            for reader in readers:
+                reader.kill()
+                reader.wait()
+        assert result.returncode == 0, result.stderr
+        assert [t.state.name for t in study_of(study).trials] == ["COMPLETE"]
