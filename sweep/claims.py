@@ -9,14 +9,19 @@ UPDATE/unique INSERT works the same on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
+
+from sweep.outage import Outages
+
+log = logging.getLogger("sweep")
 
 # A worker is "host/pid/start time". SWEEP_HOST overrides the host part where hostnames are not
 # unique across the machines sharing a study (and lets tests play several hosts on one machine).
@@ -68,8 +73,10 @@ def owner_alive(owner: str, heartbeat: float, now: float | None = None, grace: f
 class Claims:
     """Claims of one study, held by this process."""
 
-    def __init__(self, engine: sa.Engine, study_id: int, grace: float = LEASE_GRACE_S) -> None:
+    def __init__(self, engine: sa.Engine, study_id: int, grace: float = LEASE_GRACE_S,
+                 outages: Outages | None = None) -> None:
         self.engine, self.study_id, self.owner, self.grace = engine, study_id, my_owner(), grace
+        self.outages = outages or Outages()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,14 +85,9 @@ class Claims:
         _metadata.create_all(engine, checkfirst=True)
 
     def _retry(self, fn, *args):
-        # SQLite answers "database is locked" past its busy timeout under heavy contention; try again.
-        for attempt in range(20):
-            try:
-                return fn(*args)
-            except OperationalError:
-                if attempt == 19:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
+        # A database away for a while (a restart, a failover; SQLite's "database is locked" past its
+        # busy timeout under heavy contention): wait for it, as every storage call does.
+        return self.outages.call(fn, *args, what="claims")
 
     def try_take(self, key: str) -> bool:
         """Take `key` if it is free or its owner is dead (compare-and-set on the owner)."""
@@ -135,9 +137,13 @@ class Claims:
         if not keys:
             return {}
         t = claims_table
+
+        def query() -> list[Any]:
+            with self.engine.connect() as conn:
+                return conn.execute(sa.select(t.c.key, t.c.owner, t.c.heartbeat).where(t.c.key.in_(keys))).all()
+
+        rows = self._retry(query)
         now = time.time()
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(t.c.key, t.c.owner, t.c.heartbeat).where(t.c.key.in_(keys))).all()
         return {r.key: r.owner for r in rows if owner_alive(r.owner, r.heartbeat, now, self.grace)}
 
     def start_heartbeat(self) -> None:
@@ -152,8 +158,8 @@ class Claims:
                     with self.engine.begin() as conn:
                         conn.execute(claims_table.update().where(claims_table.c.owner == self.owner)
                                      .values(heartbeat=time.time()))
-                except OperationalError:
-                    pass  # next beat; the lease grace is several beats long
+                except Exception as exc:  # the database away for a while: next beat; the grace is several beats
+                    log.debug("heartbeat failed: %s", exc)
 
         self._thread = threading.Thread(target=beat, name="sweep-heartbeat", daemon=True)
         self._thread.start()

@@ -174,6 +174,8 @@ class StudyFile(_Model):
     n_trials: Annotated[int, Field(ge=1)]
     timeout: Annotated[float, Field(gt=0)] | None = None
     max_retries: Annotated[int, Field(ge=0)] = 0  # a trial that raises is retried from its newest checkpoint
+    # A database away for a while (a restart, a failover) is waited for, this long per call.
+    storage_retry_seconds: Annotated[float, Field(gt=0)] = 300.0
     objective: Objective
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()

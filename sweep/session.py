@@ -29,6 +29,7 @@ from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
 from sweep.errors import StudyNotFound, SweepError
+from sweep.outage import Outages, retrying_storage_class
 from sweep.samplers import build_pruner, build_sampler
 
 SQLITE_TIMEOUT_S = 60
@@ -75,7 +76,8 @@ class Session:
             storage.engine.dispose()
             raise
         self._storage, self._study, self._study_id = storage, study, study_id
-        self._claims = Claims(storage.engine, self._study_id, config.study.parallel.lease_grace_seconds)
+        self._claims = Claims(storage.engine, self._study_id, config.study.parallel.lease_grace_seconds,
+                              outages=storage.outages)
         return self
 
     def open_existing(self) -> bool:
@@ -146,8 +148,12 @@ class Session:
         from optuna.storages._rdb.models import TrialModel
 
         t = TrialModel.__table__
-        with self.storage.engine.connect() as conn:
-            rows = conn.execute(sa.select(t.c.number, t.c.state).where(t.c.study_id == self.study_id)).all()
+
+        def query() -> list[Any]:
+            with self.storage.engine.connect() as conn:
+                return conn.execute(sa.select(t.c.number, t.c.state).where(t.c.study_id == self.study_id)).all()
+
+        rows = self.storage.outages.call(query, what="reading trial states")
         return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
 
     def best_trial(self) -> FrozenTrial | None:
@@ -254,7 +260,15 @@ def storage_kwargs(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
         # Several processes and a reader (status, optuna-dashboard) share the file: wait for locks.
         return {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
+    if url.startswith("postgresql"):
+        # A frozen worker (SIGSTOP, a paused VM) must not hold a transaction, and with it every row
+        # lock other workers wait for, forever: the server ends such a session after a minute.
+        return {"pool_pre_ping": True,
+                "connect_args": {"options": f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_MS}"}}
     return {"pool_pre_ping": True}
+
+
+PG_IDLE_IN_TRANSACTION_MS = 60_000
 
 
 @contextlib.contextmanager
@@ -325,7 +339,7 @@ def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
         with workdir_lock(config, create):
             if sqlite_path is not None:
                 sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-            storage = _rdb_storage(url)
+            storage = _rdb_storage(url, config.study.storage_retry_seconds)
             if sqlite_path is not None and create:
                 with storage.engine.connect() as conn:
                     conn.exec_driver_sql("PRAGMA journal_mode=WAL")
@@ -344,10 +358,16 @@ _CREATION_RACE = ("UNIQUE constraint failed", "already exists", "duplicate key",
 OPEN_ATTEMPTS = 8
 
 
-def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
+_RetryingRDBStorage = retrying_storage_class(optuna.storages.RDBStorage)
+
+
+def _rdb_storage(url: str, retry_seconds: float) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage whose calls ride out a database outage of up to `retry_seconds`."""
     for attempt in range(OPEN_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=storage_kwargs(url))
+            storage = _RetryingRDBStorage(url, engine_kwargs=storage_kwargs(url))
+            storage.outages = Outages(retry_seconds)
+            return storage
         except Exception as exc:  # bad host, bad password, missing driver ... or the race above
             if attempt + 1 < OPEN_ATTEMPTS and any(m in f"{type(exc).__name__}: {exc}" for m in _CREATION_RACE):
                 time.sleep(0.05 * 2 ** attempt)

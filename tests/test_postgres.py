@@ -3,7 +3,10 @@ after its lease grace (other hosts are played with SWEEP_HOST on this one machin
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -51,3 +54,29 @@ def test_a_dead_hosts_trial_is_taken_over_after_the_lease_grace(write_study, pos
     trial = study_of(study).trials[0]
     assert trial.user_attrs["resumes"] == 1
     assert snapshot(study) == reference(parallel={"lease_grace_seconds": grace}, **settings)
+
+
+def restart_postgres() -> None:
+    """Restart the local PostgreSQL server: every connection is cut, the server away for seconds."""
+    versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
+    if not versions or shutil.which("pg_ctlcluster") is None:
+        pytest.skip("restarting the local PostgreSQL server needs Debian's pg_ctlcluster")
+    result = subprocess.run(["pg_ctlcluster", versions[-1], "main", "restart"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_postgres_restart_mid_trial_is_waited_for_and_the_study_stays_bit_identical(
+        write_study, postgres_url, reference):
+    settings = dict(n_trials=2, train={"steps": 3000, "eval_every": 50}, checkpoint={"every_steps": 500}, **RANDOM)
+    study = write_study(storage=postgres_url, **settings)
+    proc = Running("run", study, cwd=study.parent)
+    proc.wait_for(r"trial 0: started")
+    wait_for_checkpoint(checkpoint_dir(study, 0), 500)
+    restart_postgres()
+    assert proc.finish() == 0, proc.stderr
+    assert "the study's database is unreachable" in proc.stderr and "the study's database is back after" \
+        in proc.stderr, proc.stderr
+    trials = study_of(study).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and not any("failures" in t.user_attrs
+                                                                                for t in trials)
+    assert snapshot(study) == reference(**settings)
