@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from sweep.errors import TakenOver
 from sweep.outage import Outages
 
 log = logging.getLogger("sweep")
@@ -77,6 +78,8 @@ class Claims:
                  outages: Outages | None = None) -> None:
         self.engine, self.study_id, self.owner, self.grace = engine, study_id, my_owner(), grace
         self.outages = outages or Outages()
+        self.last_beat = time.monotonic()  # when this process last renewed its claims
+        self.last_gap = 0.0  # the time between its last two renewals (a freeze shows here)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -109,6 +112,26 @@ class Claims:
                 return done.rowcount == 1
         except IntegrityError:  # another process inserted the same key first
             return False
+
+    def check(self, key: str, what: str) -> None:
+        """The fence before every write for a trial (report, attribute, checkpoint, tell).
+
+        Raises:
+            TakenOver: another worker holds `key` now (this one was frozen or cut off for longer
+                than the lease grace, and its claim was taken over).
+        """
+        t = claims_table
+
+        def owner() -> str | None:
+            with self.engine.connect() as conn:
+                return conn.execute(sa.select(t.c.owner).where(t.c.key == key)).scalar()
+
+        holder = self._retry(owner)
+        if holder != self.owner:
+            away = max(time.monotonic() - self.last_beat, self.last_gap)
+            raise TakenOver(f"{what} was taken over by {holder.split('/')[0] if holder else 'no one (released)'} "
+                            f"while this worker was unresponsive ({away:.0f} s since its last heartbeat); "
+                            "leaving it, writing nothing more for it")
 
     def release(self, key: str) -> None:
         t = claims_table
@@ -158,6 +181,8 @@ class Claims:
                     with self.engine.begin() as conn:
                         conn.execute(claims_table.update().where(claims_table.c.owner == self.owner)
                                      .values(heartbeat=time.time()))
+                    now = time.monotonic()
+                    self.last_gap, self.last_beat = now - self.last_beat, now
                 except Exception as exc:  # the database away for a while: next beat; the grace is several beats
                     log.debug("heartbeat failed: %s", exc)
 

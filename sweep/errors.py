@@ -50,3 +50,8 @@ class NonFiniteMetric(SweepError):
 class DiskFault(SweepError):
     """The checkpoint disk failed (full, read-only, quota, I/O error): the machine's fault, not the
     trial's. The run stops (exit 1); the trial stays resumable, its committed steps intact."""
+
+
+class TakenOver(SweepError):
+    """This worker lost its trial: it was unresponsive (frozen, cut off) past the lease grace and
+    another worker took the trial over. The worker leaves it alone, writing nothing more for it."""

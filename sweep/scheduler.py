@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import plan as plan_lib
 from sweep.best import COMPILES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
-from sweep.errors import DiskFault, Interrupted, NonFiniteMetric
+from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import suggest_all
 from sweep.session import Session
@@ -90,8 +90,28 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     return Claimed(trial.number, adopted=False)
 
 
+class _Fenced:
+    """The trial as the runner's reporter, checking before each report that this worker still
+    holds it (a worker frozen past the lease grace may have lost it to another)."""
+
+    def __init__(self, trial: optuna.Trial, fence: Callable[[], None]) -> None:
+        self.trial, self.fence = trial, fence
+
+    def report(self, value: float, step: int) -> None:
+        self.fence()
+        self.trial.report(value, step)
+
+    def should_prune(self) -> bool:
+        return self.trial.should_prune()
+
+
 def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
     config, claims = session.config, session.claims
+    key = claims.key(claimed.number)
+
+    def fence() -> None:
+        claims.check(key, f"trial {claimed.number}")
+
     try:
         frozen = session.trial(claimed.number)
         trial = session.handle(claimed.number)
@@ -114,7 +134,8 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         params = suggest_all(config, trial)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop)
+        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence)
+        fence()  # before the tell
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             return
@@ -124,12 +145,14 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
             session.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
         log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
                  config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
+    except TakenOver as exc:
+        log.warning("%s", exc)  # the study goes on; the trial is the other worker's now
     finally:
-        claims.release(claims.key(claimed.number))
+        claims.release(key)  # only where this worker is still the owner
 
 
 def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any],
-              ckpt_dir: Path, stop: StopSignal) -> Outcome | None:
+              ckpt_dir: Path, stop: StopSignal, fence: Callable[[], None]) -> Outcome | None:
     """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
 
     Failures are counted in the `failures` user attribute, so a restart does not reset the count.
@@ -137,14 +160,28 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
     config = session.config
     number, failures = frozen.number, int(frozen.user_attrs.get("failures", 0))
     while True:
-        ckpt = session.checkpoints(number, ckpt_dir)
+        ckpt = session.checkpoints(number, ckpt_dir, fence=fence)
+
+        def on_evaluation(step: int, metrics: dict[str, float]) -> None:
+            fence()
+            trial.set_user_attr(eval_attr(step), metrics)
+
+        def on_restore(step: int) -> None:
+            fence()
+            _record_resume(session, trial, step)
+
+        def on_compiles(counts: dict[str, float]) -> None:
+            try:
+                fence()
+            except TakenOver:
+                return  # nothing more is written for a trial this worker lost
+            _record_compiles(session, trial, counts)
+
         try:
-            outcome = run_trial(config, number, config.hyperparameters(params), trial,
-                                dict(frozen.intermediate_values), ckpt, stop,
-                                on_restore=lambda step: _record_resume(session, trial, step),
-                                on_step=session.on_step,
-                                on_evaluation=lambda step, metrics: trial.set_user_attr(eval_attr(step), metrics),
-                                on_compiles=lambda counts: _record_compiles(session, trial, counts))
+            outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
+                                dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
+                                on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles)
+            fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
@@ -152,7 +189,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 trial.set_user_attr(name, value)
             ckpt.wait()
             return outcome
-        except (Interrupted, DiskFault):  # the trial stays resumable: not its fault, no retry charged
+        except (Interrupted, DiskFault, TakenOver):  # not the trial's fault: no retry charged
             raise
         except Exception as exc:  # a trial that raises fails alone; the study goes on
             failures += 1

@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import optuna
@@ -223,11 +223,13 @@ class Session:
 
     # --- checkpoints, progress, compiled code ---------------------------------------------------
 
-    def checkpoints(self, number: int, directory: Path, read_only: bool = False) -> TrialCheckpoints:
-        """Trial `number`'s checkpoint folder, sharing this session's write budget."""
+    def checkpoints(self, number: int, directory: Path, read_only: bool = False,
+                    fence: Callable[[], None] | None = None) -> TrialCheckpoints:
+        """Trial `number`'s checkpoint folder, sharing this session's write budget; `fence` is
+        called before each write (it raises if this worker no longer holds the trial)."""
         from sweep.state import trial_checkpoints
 
-        return trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only)
+        return trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence)
 
     def on_step(self, number: int, step: int) -> None:
         """The runner's progress callback: `step` -1 means the trial stopped running here."""

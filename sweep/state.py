@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import numpy as np
@@ -128,9 +128,9 @@ _TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerCon
 
 
 def trial_checkpoints(config: Config, number: int, directory: Path, budget: WriteBudget | None = None,
-                      read_only: bool = False) -> TrialCheckpoints:
+                      read_only: bool = False, fence: Callable[[], None] | None = None) -> TrialCheckpoints:
     """The checkpoint folder of trial `number` with the study's retention settings."""
     c, objective = config.study.checkpoint, config.study.objective
     return TrialCheckpoints(directory, objective.metric, objective.direction, c.keep_last, c.keep_best,
                             read_only=read_only, label=f"trial {number}", budget=budget,
-                            optional_keys=OPTIONAL_KEYS)
+                            optional_keys=OPTIONAL_KEYS, fence=fence)

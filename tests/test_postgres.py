@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -80,3 +81,26 @@ def test_a_postgres_restart_mid_trial_is_waited_for_and_the_study_stays_bit_iden
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and not any("failures" in t.user_attrs
                                                                                 for t in trials)
     assert snapshot(study) == reference(**settings)
+
+
+def test_a_frozen_worker_that_lost_its_trial_leaves_it_and_writes_nothing_more(write_study, postgres_url, reference):
+    grace = 3.0
+    settings = dict(n_trials=1, train={"steps": 8000, "eval_every": 50}, checkpoint={"every_steps": 1000}, **RANDOM)
+    study = write_study(storage=postgres_url, parallel={"lease_grace_seconds": grace}, **settings)
+    first = Running("run", study, cwd=study.parent, env={"SWEEP_HOST": "host-a"})
+    first.wait_for(r"trial 0: started")
+    wait_for_checkpoint(checkpoint_dir(study, 0), 1000)
+    os.kill(first.proc.pid, signal.SIGSTOP)  # frozen: a paused VM, a stalled NFS client
+    try:
+        second = Running("run", study, cwd=study.parent, env={"SWEEP_HOST": "host-b"})
+        second.wait_for(r"trial 0: resumed from step \d+")  # after host-a's lease grace
+    finally:
+        os.kill(first.proc.pid, signal.SIGCONT)
+    assert first.finish() == 0, first.stderr  # it goes on with the study (nothing left) and exits 0
+    assert second.finish() == 0, second.stderr
+    assert re.search(r"trial 0 was taken over by host-b while this worker was unresponsive \(\d+ s since its last "
+                     r"heartbeat\); leaving it, writing nothing more for it", first.stderr), first.stderr
+    assert "trial 0: complete" not in first.stderr and "Traceback" not in first.stderr
+    trial = study_of(study).trials[0]
+    assert trial.state.name == "COMPLETE" and "failures" not in trial.user_attrs and trial.user_attrs["resumes"] == 1
+    assert snapshot(study) == reference(parallel={"lease_grace_seconds": grace}, **settings)
