@@ -30,8 +30,8 @@ _OUTAGE_MARKERS = (
     "server closed the connection", "connection refused", "could not connect", "terminating connection",
     "the database system is shutting down", "the database system is starting up", "connection is closed",
     "ssl connection has been closed", "connection timed out", "database is locked", "lost connection",
-    "server has gone away", "consuming input failed", "connection failed", "connection to server",
-)
+    "server has gone away", "consuming input failed", "no connection to the server",
+)  # not psycopg's generic "connection failed:" prefix: a wrong password or database name is not an outage
 
 
 def is_outage(exc: BaseException) -> bool:

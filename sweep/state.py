@@ -56,10 +56,7 @@ def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: 
     hp = run_hyperparameters(config, hp)
     data = module.data(hp)
     tx = module.optimizer(hp)
-    # Abstract keys too: a check that computes nothing starts no XLA backend either (a parent
-    # process that starts it before pinning itself to its share of the cores would not be pinned).
-    init_key, train_key = jax.eval_shape(lambda: trial_keys(config, number)) if abstract else \
-        trial_keys(config, number)
+    init_key, train_key = trial_keys(config, number)
     initial = _init(module, hp, init_key, data, abstract)
     kind = kind_of(module, initial)
     params, model_state = kind.start(initial)

@@ -9,9 +9,11 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from conftest import Running, checkpoint_dir, kill9, snapshot, study_of, wait_for_checkpoint
+import yaml
+from conftest import Running, checkpoint_dir, kill9, run_cli, snapshot, study_of, wait_for_checkpoint
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -104,3 +106,12 @@ def test_a_frozen_worker_that_lost_its_trial_leaves_it_and_writes_nothing_more(w
     trial = study_of(study).trials[0]
     assert trial.state.name == "COMPLETE" and "failures" not in trial.user_attrs and trial.user_attrs["resumes"] == 1
     assert snapshot(study) == reference(parallel={"lease_grace_seconds": grace}, **settings)
+
+
+def test_a_database_that_does_not_exist_is_a_clear_error_leaving_nothing_behind(write_study, postgres_url):
+    study = write_study(storage=postgres_url.rsplit("/", 1)[0] + "/no_such_database_here")
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 1 and "cannot open storage" in result.stderr and "no_such_database_here" \
+        in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "unreachable" not in result.stderr
+    assert not Path(yaml.safe_load(study.read_text())["workdir"]).exists()  # no folder, no lock file
