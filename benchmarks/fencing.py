@@ -32,10 +32,11 @@ def trial_seconds(workdir: Path, storage: str | None, fenced: bool, counter: lis
     config.study = config.study.model_copy(update={"name": f"fence-{uuid.uuid4().hex[:8]}"})
     original = claims_lib.Claims.check
 
-    def counted(self, key, what):
-        counter[0] += 1
+    def counted(self, key, what):  # counts the checks that asked the database (not reused ones)
         if fenced:
+            before = self._checked.get(key)
             original(self, key, what)
+            counter[0] += self._checked.get(key) != before
 
     claims_lib.Claims.check = counted
     try:
@@ -54,6 +55,7 @@ def check_latency(session: Session, n: int = 500) -> float:
     session.claims.try_take(key)
     times = []
     for _ in range(n):
+        session.claims._checked.clear()  # each one asks the database
         t0 = time.perf_counter()
         session.claims.check(key, "benchmark")
         times.append(time.perf_counter() - t0)
@@ -85,7 +87,7 @@ def main() -> None:
                 "fenced": lambda r: trial_seconds(Path(tmp) / f"f{next(run)}", storage, True, counter),
                 "unfenced": lambda r: trial_seconds(Path(tmp) / f"u{next(run)}", storage, False, counter),
             }, args.rounds)
-            checks = counter[0] / (2 * args.rounds)
+            checks = counter[0] / args.rounds  # the fenced runs
             ratio = harness.report(f"{label}: one trial (2000 steps, 20 reports, 10 saves)", "fenced", "unfenced",
                                    times, "<= 1.02")
             config = harness.example(Path(tmp) / "lat")
@@ -96,7 +98,7 @@ def main() -> None:
             latency = check_latency(session)
             session.close()
             share = checks * latency / statistics.median(times["fenced"])
-            print(f"  {checks:.0f} checks per trial x {latency * 1e3:.2f} ms = {share:.2%} of the trial "
+            print(f"  {checks:.1f} database checks per trial x {latency * 1e3:.2f} ms = {share:.2%} of the trial "
                   f"({'met' if share <= 0.02 else 'NOT met'}; the ratio above is {ratio:.3f}, within noise)")
 
 

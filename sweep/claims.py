@@ -10,6 +10,7 @@ UPDATE/unique INSERT works the same on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -29,6 +30,7 @@ log = logging.getLogger("sweep")
 HOST = os.environ.get("SWEEP_HOST") or socket.gethostname()
 LEASE_GRACE_S = 60.0  # default: a claim from another host is stale when its heartbeat is older
 HEARTBEAT_S = 10.0  # at most; a few beats fit in every lease grace
+FENCE_REUSE_S = 5.0  # at most: how long a successful fence check is reused (see Claims.check)
 
 _metadata = sa.MetaData()
 claims_table = sa.Table(
@@ -80,6 +82,7 @@ class Claims:
         self.outages = outages or Outages()
         self.last_beat = time.monotonic()  # when this process last renewed its claims
         self.last_gap = 0.0  # the time between its last two renewals (a freeze shows here)
+        self._checked: dict[str, float] = {}  # key -> when `check` last found this process holding it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -120,6 +123,13 @@ class Claims:
             TakenOver: another worker holds `key` now (this one was frozen or cut off for longer
                 than the lease grace, and its claim was taken over).
         """
+        # A check stays good for less than the time a takeover needs: the lease runs out only after
+        # `grace` without a heartbeat (one every grace / 4), so a worker that held the key at its
+        # last check, less than grace / 4 ago, still holds it. A freeze since then makes the
+        # interval longer (monotonic time runs on), so the next write checks again.
+        now = time.monotonic()
+        if now - self._checked.get(key, -math.inf) < min(self.grace / 4, FENCE_REUSE_S):
+            return
         t = claims_table
 
         def owner() -> str | None:
@@ -127,7 +137,9 @@ class Claims:
                 return conn.execute(sa.select(t.c.owner).where(t.c.key == key)).scalar()
 
         holder = self._retry(owner)
-        if holder != self.owner:
+        if holder == self.owner:
+            self._checked[key] = now
+        else:
             away = max(time.monotonic() - self.last_beat, self.last_gap)
             raise TakenOver(f"{what} was taken over by {holder.split('/')[0] if holder else 'no one (released)'} "
                             f"while this worker was unresponsive ({away:.0f} s since its last heartbeat); "
