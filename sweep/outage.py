@@ -86,6 +86,13 @@ class Outages:
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                if "database is locked" in str(exc):
+                    # SQLite has no server to end a frozen writer's transaction: say what it likely is.
+                    log.warning("the study's SQLite database has been locked by another process for longer than "
+                                "its busy timeout%s (a writer frozen or stuck inside a transaction?): waiting for "
+                                "it, up to %g s (storage_retry_seconds); many hosts need PostgreSQL",
+                                f" during {what}" if what else "", self.seconds)
+                    return
                 log.warning("the study's database is unreachable%s (%s): waiting for it, up to %g s "
                             "(storage_retry_seconds)", f" during {what}" if what else "", first, self.seconds)
 

@@ -148,7 +148,7 @@ while time.monotonic() < until:  # what optuna-dashboard or a notebook does: ope
 """
 
 
-def test_a_plain_optuna_reader_polling_while_run_creates_the_study_breaks_nothing(write_study):
+def test_a_plain_optuna_reader_polling_while_run_creates_the_study_breaks_nothing(write_study, reference):
     # (This did not reproduce the race on this machine with the retry taken out; it shows that
     # readers polling from the first moment break nothing.)
     for i in range(2):
@@ -163,4 +163,4 @@ def test_a_plain_optuna_reader_polling_while_run_creates_the_study_breaks_nothin
                 reader.kill()
                 reader.wait()
         assert result.returncode == 0, result.stderr
-        assert [t.state.name for t in study_of(study).trials] == ["COMPLETE"]
+        assert snapshot(study) == reference(n_trials=1, train={"steps": 100, "eval_every": 50})
