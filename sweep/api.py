@@ -87,6 +87,7 @@ class StudySession(Session):
         import logging
 
         from sweep import fingerprint, plan as plan_lib, preflight
+        from sweep.samplers import sampler_notes
 
         try:
             plan = plan_lib.make(self)
@@ -94,8 +95,12 @@ class StudySession(Session):
             self.close()  # run opens it again to write (and readers keep no connection)
         if plan.refused:
             raise fingerprint.refusal(self.config, self.config.storage, plan.refused)
+        log = logging.getLogger("sweep")
         if plan.code_changed and plan.has_work:
-            logging.getLogger("sweep").warning(plan_lib.code_warning(plan))
+            log.warning(plan_lib.code_warning(plan))
+        if plan.new:
+            for level, note in sampler_notes(self.config):
+                log.log(level, note)
         preflight.check(self.config)
         return plan
 

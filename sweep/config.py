@@ -43,28 +43,49 @@ class _Model(BaseModel):
 
 class FloatParam(_Model):
     type: Literal["float"]
-    low: float
-    high: float
+    low: float | None = None
+    high: float | None = None
     log: bool = False
     step: Annotated[float, Field(gt=0)] | None = None
+    # Or an explicit list (a grid over a log scale, say): sampled as a choice among them.
+    values: Annotated[list[float], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> FloatParam:
-        _check_range(self.low, self.high, self.log, self.step)
+        _check_values_or_range(self.values, self.low, self.high, self.log, self.step)
+        if self.values is None:
+            _check_range(self.low, self.high, self.log, self.step)  # type: ignore[arg-type]
         return self
 
 
 class IntParam(_Model):
     type: Literal["int"]
-    low: int
-    high: int
+    low: int | None = None
+    high: int | None = None
     log: bool = False
     step: Annotated[int, Field(ge=1)] = 1
+    values: Annotated[list[int], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> IntParam:
-        _check_range(self.low, self.high, self.log, None if self.step == 1 else self.step)
+        _check_values_or_range(self.values, self.low, self.high, self.log, None if self.step == 1 else self.step)
+        if self.values is None:
+            _check_range(self.low, self.high, self.log, None if self.step == 1 else self.step)  # type: ignore[arg-type]
         return self
+
+
+def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: bool, step: Any) -> None:
+    if values is None:
+        for name, value in (("low", low), ("high", high)):
+            if value is None:
+                raise ValueError(f"{name}: is required (or give the parameter's values as a list), got None")
+        return
+    given = [name for name, value in (("low", low), ("high", high), ("step", step)) if value is not None]
+    if given or log:
+        raise ValueError(f"values: cannot be combined with {', '.join(given or ['log'])}; give a list or a range, "
+                         f"got {values!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"values: must not repeat a value, got {values!r}")
 
 
 class CategoricalParam(_Model):

@@ -37,7 +37,9 @@ def meaning(config: Config) -> dict[str, Any]:
     out: dict[str, Any] = {"trial": study["trial"]}
     for section in ("objective", "sampler", "train"):
         out.update({f"{section}.{k}": v for k, v in study[section].items()})
-    out.update({f"search_space.{k}": v for k, v in study["search_space"].items()})
+    # `values` only where given: fingerprints stored before it existed stay equal.
+    out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n == "values" and x is None)}
+                for k, v in study["search_space"].items()})
     out.update({f"fixed.{k}": v for k, v in study["fixed"].items()})
     return out
 
@@ -49,8 +51,8 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, An
     for key in sorted(set(old) | set(new), key=_order):
         a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
         if key.startswith("search_space.") and isinstance(a, dict) and isinstance(b, dict):
-            out += [(f"{key}.{k}", a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in _union(a, b)
-                    if not _same(a.get(k, _ABSENT), b.get(k, _ABSENT))]
+            # A setting one side lacks is its default, None (a setting added by a later release).
+            out += [(f"{key}.{k}", a.get(k), b.get(k)) for k in _union(a, b) if not _same(a.get(k), b.get(k))]
         elif not _same(a, b):
             out.append((key, a, b))
     return out

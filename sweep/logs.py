@@ -33,6 +33,13 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     # exit unretrieved, and asyncio logs it with its traceback (at ERROR): the restore error itself
     # is reported to the user, so this echo is library noise too.
     logging.getLogger("asyncio").setLevel(logging.INFO if verbose else logging.CRITICAL)
+    # Python warnings of the libraries (Optuna's "value out of range", JAX's, Orbax's) are library
+    # noise like their logs: on sweep's stderr with --verbose, otherwise not shown.
+    logging.captureWarnings(True)
+    warned = logging.getLogger("py.warnings")
+    warned.handlers[:] = [handler]
+    warned.propagate = False
+    warned.setLevel(logging.WARNING if verbose else logging.CRITICAL)
     if not verbose:
         sys.unraisablehook = _quiet_closed_loop
 

@@ -16,6 +16,7 @@ from sweep import fingerprint
 from sweep.best import checkpoint_folder
 from sweep.checkpoints import newest_step
 from sweep.config import Config
+from sweep.samplers import sampler_notes
 from sweep.session import FINISHED, Session
 
 
@@ -81,9 +82,10 @@ def text(config: Config, plan: Plan) -> str:
     """The plan as `python -m sweep plan` prints it."""
     head = f"study {config.name} ({config.storage})"
     if not plan.exists:
+        notes = "".join(f"  note:    {note}\n" for _, note in sampler_notes(config))
         return (f"{head}: new study\n"
                 f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, sampled by {config.study.sampler.type}\n"
-                f"run would create the study and train {plan.new} trial(s)")
+                f"{notes}run would create the study and train {plan.new} trial(s)")
     if plan.refused:
         lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
         return f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean changed:\n{lines}"
@@ -102,6 +104,8 @@ def text(config: Config, plan: Plan) -> str:
         lines.append(f"  new:     {plan.new} trial(s), {numbers}, sampled by {config.study.sampler.type}")
     if plan.code_changed:
         lines.append(f"  warning: {code_warning(plan)}")
+    if plan.new:
+        lines += [f"  note:    {note}" for _, note in sampler_notes(config)]
     lines.append(f"run would resume {len(plan.resume)} and start {plan.new} trial(s)" if plan.has_work
                  else "run would do nothing: the study is finished (raise n_trials to add trials)")
     return "\n".join(lines)

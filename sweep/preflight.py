@@ -21,8 +21,9 @@ from sweep.state import initial_state, run_hyperparameters
 
 
 def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
-    """Each parameter's low end (numbers) or first choice (categoricals)."""
-    return {name: p.choices[0] if isinstance(p, CategoricalParam) else p.low for name, p in search_space.items()}
+    """Each parameter's low end (numbers) or first choice or value (categoricals, value lists)."""
+    return {name: p.choices[0] if isinstance(p, CategoricalParam) else p.values[0] if p.values is not None else p.low
+            for name, p in search_space.items()}
 
 
 def check(config: Config) -> None:

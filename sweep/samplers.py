@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import logging
 import inspect
+import math
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.samplers import BaseSampler
 
@@ -18,12 +20,12 @@ def suggest_all(config: Config, trial: optuna.Trial) -> dict[str, Any]:
     """Sample (or, for an adopted trial, read back) every param, in file order."""
     params: dict[str, Any] = {}
     for name, p in config.study.search_space.items():
-        if isinstance(p, FloatParam):
+        if isinstance(p, CategoricalParam) or p.values is not None:
+            params[name] = trial.suggest_categorical(name, p.choices if isinstance(p, CategoricalParam) else p.values)
+        elif isinstance(p, FloatParam):
             params[name] = trial.suggest_float(name, p.low, p.high, log=p.log, step=p.step)
-        elif isinstance(p, IntParam):
-            params[name] = trial.suggest_int(name, p.low, p.high, log=p.log, step=p.step)
         else:
-            params[name] = trial.suggest_categorical(name, p.choices)
+            params[name] = trial.suggest_int(name, p.low, p.high, log=p.log, step=p.step)
     return params
 
 
@@ -32,13 +34,54 @@ def _grid(config: Config) -> dict[str, list[Any]]:
     for name, p in config.study.search_space.items():
         if isinstance(p, CategoricalParam):
             grid[name] = list(p.choices)
+        elif p.values is not None:
+            grid[name] = list(p.values)
         elif isinstance(p, IntParam):
             grid[name] = list(range(p.low, p.high + 1, p.step))
         elif p.step is not None:
-            grid[name] = [float(v) for v in np.arange(p.low, p.high + p.step / 2, p.step)]
+            # low + i * step, rounded to 12 significant digits: np.arange accumulates float error
+            # (0.30000000000000004), which Optuna then warns is out of the parameter's range.
+            n = int(math.floor((p.high - p.low) / p.step + 1e-9)) + 1
+            grid[name] = [float(f"{p.low + i * p.step:.12g}") for i in range(n)]
         else:
-            raise ConfigError(str(config.path), f"search_space.{name}", "needs a step for the grid sampler", None)
+            raise ConfigError(str(config.path), f"search_space.{name}", "needs a step, or a list of values, for "
+                              "the grid sampler (a log scale: values: [1.0e-4, 3.0e-4, 1.0e-3])", None)
     return grid
+
+
+def grid_size(config: Config) -> int | None:
+    """The number of points of a grid study (None for other samplers)."""
+    if config.study.sampler.type != "grid":
+        return None
+    return math.prod(len(v) for v in _grid(config).values())
+
+
+# The packages a sampler needs that sweep does not install (Optuna imports them on first use, so
+# a study would fail only after its startup trials).
+SAMPLER_PACKAGES = {"gp": ("torch",)}
+
+
+def sampler_notes(config: Config) -> list[tuple[int, str]]:
+    """(log level, line): what a sampler will do that its name does not say (a model never used,
+    the share of a grid that n_trials covers)."""
+    import inspect as _inspect
+
+    s, n_trials = config.study.sampler, config.study.n_trials
+    notes = []
+    cls = getattr(optuna.samplers, SAMPLER_CLASSES[s.type])
+    default = _inspect.signature(cls).parameters.get("n_startup_trials")
+    if default is not None and s.type in ("tpe", "gp"):
+        startup = s.kwargs.get("n_startup_trials", default.default)
+        if n_trials <= startup:
+            notes.append((logging.WARNING, f"sampler {s.type}: n_trials {n_trials} does not exceed its n_startup_trials {startup}, so "
+                         "every trial is sampled at random and its model is never used; raise n_trials or lower "
+                         "sampler.n_startup_trials"))
+    size = grid_size(config)
+    if size is not None:
+        notes.append((logging.INFO if n_trials >= size else logging.WARNING,
+                      f"sampler grid: {size} grid point(s); n_trials {n_trials} covers "
+                      f"{'all of them' if n_trials >= size else f'{n_trials} of them'}"))
+    return notes
 
 
 def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[str, Any], file: str,
@@ -78,6 +121,11 @@ def build_pruner(config: Config) -> optuna.pruners.BasePruner:
 def check_config(config: Config) -> None:
     """The study-file rules that need Optuna or JAX: sampler and pruner arguments, the device
     count. Creates nothing."""
+    for package in SAMPLER_PACKAGES.get(config.study.sampler.type, ()):
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(str(config.path), "sampler.type", f"needs the package {package}, which is not installed "
+                              f"(pip install {package}), for optuna.samplers.{SAMPLER_CLASSES[config.study.sampler.type]}",
+                              config.study.sampler.type)
     build_sampler(config)
     build_pruner(config)
     devices = config.study.train.devices

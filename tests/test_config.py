@@ -65,7 +65,7 @@ BAD = [
     ("pruner-kwarg-typo", {"pruner": {"type": "median", "n_warmup": 3}},
      ["pruner.n_warmup: not an argument of optuna.pruners.MedianPruner (did you mean 'n_warmup_steps'?)"]),
     ("grid-float-without-step", {"sampler": {"type": "grid"}},
-     ["search_space.learning_rate: needs a step for the grid sampler"]),
+     ["search_space.learning_rate: needs a step, or a list of values, for the grid sampler"]),
     ("unsafe-name", {"name": "../evil"}, ["name: must be a plain name", "got '../evil'"]),
     ("name-with-space", {"name": "my study"}, ["name: must be a plain name", "got 'my study'"]),
     ("missing-trial-module", {"trial": "trials.no_such_trial"},

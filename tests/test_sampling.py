@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import optuna
 import pytest
 
@@ -70,3 +72,68 @@ def test_adopted_trial_reads_back_its_params_and_samples_missing_ones_identicall
     partial.suggest_float("learning_rate", 1e-3, 1e-1, log=True)
     adopted = optuna.Trial(other, partial._trial_id)  # what Session.handle does
     assert suggest_all(config, adopted) == full
+
+
+# --- what a sampler needs and what it will really do (the study file's search space as values) ----
+
+def _study(**override):
+    return config_lib.from_dict(merge(BASE_STUDY, override), origin="s.yaml")
+
+
+def test_a_float_grid_has_no_float_drift():
+    config = _study(sampler={"type": "grid"}, search_space={
+        "learning_rate": {"type": "float", "low": 0.0, "high": 0.5, "step": 0.1}})
+    from sweep.samplers import _grid
+
+    assert _grid(config)["learning_rate"] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]  # not 0.30000000000000004
+
+
+def test_values_lists_work_with_every_sampler_and_make_a_log_scale_grid():
+    space = {"learning_rate": {"type": "float", "values": [1.0e-4, 3.0e-4, 1.0e-3]},
+             "hidden": {"type": "int", "values": [16, 64]}}
+    from sweep.samplers import grid_size, sampler_notes
+
+    grid = _study(sampler={"type": "grid"}, search_space=space, n_trials=4)
+    assert grid_size(grid) == 6
+    assert [note for _, note in sampler_notes(grid)] == ["sampler grid: 6 grid point(s); n_trials 4 covers 4 of them"]
+    for sampler in ({"type": "grid"}, {"type": "tpe", "seed": 0}, {"type": "random", "seed": 1}):
+        config = _study(sampler=sampler, search_space=space, n_trials=6)
+        study = optuna.create_study(sampler=build_sampler(config))
+        for _ in range(6):
+            params = suggest_all(config, study.ask())
+            assert params["learning_rate"] in space["learning_rate"]["values"]
+            assert params["hidden"] in space["hidden"]["values"]
+
+
+@pytest.mark.parametrize("param, rule", [
+    ({"type": "float", "values": [0.1], "low": 0.0}, "values: cannot be combined with low"),
+    ({"type": "int", "values": [1, 1]}, "values: must not repeat a value"),
+    ({"type": "float", "high": 1.0}, "low: is required (or give the parameter's values as a list)"),
+    ({"type": "int", "values": []}, "must not be empty"),
+])
+def test_bad_values_are_study_file_errors(param, rule):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(rule)):
+        _study(search_space={"learning_rate": param})
+
+
+def test_a_model_based_sampler_that_never_leaves_its_startup_trials_is_noted():
+    from sweep.samplers import sampler_notes
+
+    assert [n for _, n in sampler_notes(_study(sampler={"type": "tpe", "seed": 0}, n_trials=10))] == [
+        "sampler tpe: n_trials 10 does not exceed its n_startup_trials 10, so every trial is sampled at random and "
+        "its model is never used; raise n_trials or lower sampler.n_startup_trials"]
+    assert sampler_notes(_study(sampler={"type": "tpe", "seed": 0, "n_startup_trials": 2}, n_trials=4)) == []
+
+
+def test_gp_without_torch_is_a_study_file_error_naming_the_package():
+    import importlib.util
+
+    from sweep.samplers import check_config
+
+    config = _study(sampler={"type": "gp", "seed": 0})
+    if importlib.util.find_spec("torch") is not None:
+        check_config(config)  # the package is there: the sampler builds
+        return
+    with pytest.raises(config_lib.ConfigError, match=r"sampler.type: needs the package torch, which is not "
+                                                     r"installed \(pip install torch\)"):
+        check_config(config)
