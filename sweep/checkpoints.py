@@ -7,6 +7,7 @@ training continues while the bytes go to disk.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -15,7 +16,7 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -45,6 +46,20 @@ def disk_errno(exc: BaseException) -> int | None:
             return int(code.group(1))
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return None
+
+
+@contextlib.contextmanager
+def _absl_quiet(quiet: bool) -> Iterator[None]:
+    """Orbax warns on every read-only manager that it sets save_interval_steps=0 (a reader, export or
+    `load_best`, asked for nothing else): not a message for the user."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    if quiet and absl.getEffectiveLevel() < logging.ERROR:
+        absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
 
 
 class DamagedCheckpoint(Exception):
@@ -98,20 +113,22 @@ class TrialCheckpoints:
         if keep_best:
             keep.append(policies.BestN(get_metric_fn=best_fn, reverse=direction == "minimize", n=keep_best,
                                        keep_checkpoints_without_metrics=False))
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=policies.AnyPreservationPolicy(keep),
-            best_fn=best_fn,
-            best_mode="min" if direction == "minimize" else "max",
-            keep_checkpoints_without_metrics=False,
-            # Our own background thread writes host copies; Orbax's async mode would block the
-            # training thread longer (it serialises device arrays before returning).
-            enable_async_checkpointing=False,
-            cleanup_tmp_directories=not read_only,  # a kill -9 mid-save leaves <step>.orbax-checkpoint-tmp
-            create=not read_only,
-            read_only=read_only,
-        )
+        with _absl_quiet(read_only):  # the options themselves warn about read_only
+            options = ocp.CheckpointManagerOptions(
+                preservation_policy=policies.AnyPreservationPolicy(keep),
+                best_fn=best_fn,
+                best_mode="min" if direction == "minimize" else "max",
+                keep_checkpoints_without_metrics=False,
+                # Our own background thread writes host copies; Orbax's async mode would block the
+                # training thread longer (it serialises device arrays before returning).
+                enable_async_checkpointing=False,
+                cleanup_tmp_directories=not read_only,  # a kill -9 mid-save leaves <step>.orbax-checkpoint-tmp
+                create=not read_only,
+                read_only=read_only,
+            )
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            with _absl_quiet(read_only):
+                self._manager = ocp.CheckpointManager(self.directory, options=options)
         except Exception as exc:
             self._raise_disk_fault(exc, None)
             raise

@@ -20,11 +20,41 @@ from sweep.session import Session
 
 
 def _write(path: Path, data: bytes) -> None:
-    """Temp file + rename: a reader never sees half a file."""
+    """Temp file + rename: a reader never sees half a file. The file gets the permissions any new
+    file gets here (0644 under umask 022), not mkstemp's private 0600."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it (os.umask can only be read by setting it)
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def provenance(config: Any) -> dict[str, Any]:
+    """Which model definition the params belong to: the trial module, the sha256 of its source, and
+    the versions of the packages that trained them."""
+    from importlib import metadata
+
+    from sweep import fingerprint
+
+    code = fingerprint.code(config)
+    versions = {}
+    for package in ("sweep", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "optuna"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"trial_module": code["module"], "trial_source_sha256": code["sha256"],
+            "trial_source_file": os.path.basename(code["file"]), "versions": versions}
 
 
 def _json(obj: Any) -> bytes:
@@ -69,7 +99,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  "last_step": t.user_attrs.get("last_step", max(t.intermediate_values, default=step)),
                  "metrics": metrics_at(t, step, metric) or {metric: value},
                  "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
-                 "collections": sorted(variables)}  # model state beside the params, in state.safetensors
+                 "collections": sorted(variables),  # model state beside the params, in state.safetensors
+                 **provenance(config)}
         _write(folder / "params.safetensors", save(flatten(params)))
         if variables:  # keys like "batch_stats/BatchNorm_0/mean"
             _write(folder / "state.safetensors", save(flatten(variables)))

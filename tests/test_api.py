@@ -7,7 +7,10 @@ Also what a study run from Python must leave behind in the process: its signal h
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import stat
 import signal
 import sys
 import textwrap
@@ -223,6 +226,15 @@ def test_export_writes_index_meta_and_params_best_first(finished, tmp_path):
         params, meta = sweep.load_export(out / entry["dir"])
         assert meta == entry
         assert set(params) == {"w", "b"} and params["w"].shape == (4,)
+        # Which model definition the params belong to, and what trained them.
+        source = finished.root / f"{TRIAL}.py"
+        assert (meta["trial_module"], meta["trial_source_file"]) == (TRIAL, source.name)
+        assert meta["trial_source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+        assert {"sweep", "jax", "flax", "optax", "orbax-checkpoint"} <= {k for k, v in meta["versions"].items() if v}
+        umask = os.umask(0o022)
+        os.umask(umask)
+        for file in (out / entry["dir"]).iterdir():  # not mkstemp's private 0600
+            assert stat.S_IMODE(file.stat().st_mode) == 0o666 & ~umask, file
     _, best_meta = sweep.load_export(out)  # the folder: its best trial
     assert best_meta == index["trials"][0]
 
@@ -232,11 +244,13 @@ def test_export_writes_index_meta_and_params_best_first(finished, tmp_path):
     assert files(again) == files(out)  # exporting twice gives the same files
 
 
-def test_load_best_restores_the_best_checkpoint_of_the_best_trial(finished):
+def test_load_best_restores_the_best_checkpoint_of_the_best_trial(finished, capfd):
     best_trial = min(finished.status["trials"], key=lambda t: t["best_value"])
     exported, meta = sweep.load_export(finished.export)
+    capfd.readouterr()
     with sweep.open(finished.study) as session:
         best = session.load_best()
+    assert capfd.readouterr().err == ""  # no library noise (Orbax's read-only notice)
     assert best.number == meta["number"] == best_trial["number"]
     assert (best.step, best.value) == (best_trial["best_step"], best_trial["best_value"])
     assert int(best.state["step"]) == best.step and best.hyperparameters == meta["hyperparameters"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Running, kill9, kill_mid_trial, run_cli, study_of
+from conftest import Running, cli_env, kill9, kill_mid_trial, run_cli, study_of
 from sweep import config as config_lib
 from sweep.best import _jitted
 from sweep.checkpoints import TrialCheckpoints
@@ -177,3 +177,8 @@ def test_load_best_restores_full_state_ready_to_apply(write_study):
     assert other.number == 1 - best.number
     with pytest.raises(sweep.errors.SweepError, match="has no trial 7"):
         sweep.load_best(study, trial=7)
+    # From a fresh Python process (a notebook, an inference script): no library noise on stderr.
+    fresh = subprocess.run([sys.executable, "-c", f"import sweep; print(sweep.load_best({str(study)!r}).number)"],
+                           cwd=study.parent, env=cli_env(), capture_output=True, text=True)
+    assert fresh.returncode == 0 and fresh.stdout.strip() == str(best.number), fresh.stderr
+    assert fresh.stderr == "", fresh.stderr
