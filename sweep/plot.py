@@ -98,8 +98,19 @@ def markers(config: Config, t: FrozenTrial) -> dict[str, list[int]]:
     return {
         "checkpoint": [s for s in kept_steps(ckpt_dir) if s in reports] if ckpt_dir else [],
         "best": [best] if best is not None else [],
-        "resumed": [int(s) for s in t.user_attrs.get("resumed_from", []) if s in reports],
+        # At the exact step a run resumed from, an evaluation step or not (its y is interpolated).
+        "resumed": sorted({int(s) for s in t.user_attrs.get("resumed_from", [])}) if reports else [],
     }
+
+
+def value_at(t: FrozenTrial, step: int) -> float:
+    """The objective at `step`: the report there, else interpolated between the nearest reports."""
+    import numpy as np
+
+    if step in t.intermediate_values:
+        return t.intermediate_values[step]
+    steps = sorted(t.intermediate_values)
+    return float(np.interp(step, steps, [t.intermediate_values[s] for s in steps]))
 
 
 def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
@@ -126,7 +137,7 @@ def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
         for kind, at in marks.items():
             marker, color, label = styles[kind]
             if at:
-                ax.scatter(at, [t.intermediate_values[s] for s in at], marker=marker, color=color,
+                ax.scatter(at, [value_at(t, s) for s in at], marker=marker, color=color,
                            s=90 if kind == "best" else 50, zorder=3, label=f"{label} ({', '.join(map(str, at))})")
             if kind == "resumed":
                 for s in at:
@@ -144,7 +155,7 @@ def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
     for kind, at in marks.items():
         marker, color, label = styles[kind]
         symbol = {"s": "square", "*": "star", "v": "triangle-down"}[marker]
-        figure.add_trace(go.Scatter(x=at, y=[t.intermediate_values[s] for s in at], mode="markers", name=label,
+        figure.add_trace(go.Scatter(x=at, y=[value_at(t, s) for s in at], mode="markers", name=label,
                                     marker={"symbol": symbol, "size": 12, "color": color.removeprefix("tab:")}))
     figure.update_layout(title=title, xaxis_title="step", yaxis_title=metric)
     html = _write_html(figure, out / f"trial_{t.number:04d}.html")
