@@ -23,6 +23,8 @@ EVAL_ATTR_PREFIX = "eval:"
 TRAIN_LOSS = "train_loss"  # beside the declared metrics in each eval:<step>: the mean training loss
 # Trial user attribute: what its runs compiled, summed ({"compilations", "cache_hits", "compile_seconds"}).
 COMPILES_ATTR = "compiles"
+# Trial user attribute: the shapes and dtypes of its data, so loaders need no training data.
+DATA_SHAPES_ATTR = "data_shapes"
 
 
 def checkpoint_folder(config: Config, trial: FrozenTrial) -> Path | None:
@@ -113,7 +115,9 @@ def best_state(config: Config, trial: FrozenTrial) -> BestState:
     directory = checkpoint_folder(config, trial)
     if directory is None:
         raise SweepError(f"trial {trial.number} has no checkpoint_dir attribute: it was not run by sweep")
-    fresh = initial_state(config, trial.number, config.hyperparameters(trial.params))
+    # The template from the data's recorded shapes: an export or `load_best` needs no training data.
+    fresh = initial_state(config, trial.number, config.hyperparameters(trial.params), abstract=True,
+                          data_shapes=trial.user_attrs.get(DATA_SHAPES_ATTR))
     ckpt = trial_checkpoints(config, trial.number, Path(directory), read_only=True)
     try:
         if step not in ckpt.all_steps():

@@ -17,7 +17,7 @@ from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.signals import StopSignal
-from sweep.state import initial_state, run_hyperparameters
+from sweep.state import initial_state, run_hyperparameters, shapes_of
 
 log = logging.getLogger("sweep")
 
@@ -72,6 +72,7 @@ def run_trial(
     on_step: Callable[[int, int], None] | None = None,
     on_evaluation: Callable[[int, dict[str, float]], None] | None = None,
     on_compiles: Callable[[dict[str, float]], None] | None = None,
+    on_data_shapes: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
 
@@ -86,6 +87,9 @@ def run_trial(
             when the trial stops running here (the progress view's source of the current step).
         on_evaluation: called with (step, metrics) for every new evaluation: every metric the
             trial declares, plus "train_loss" (the mean training loss since the last evaluation).
+        on_data_shapes: called at the start with the shapes and dtypes of the trial's data
+            (`state.shapes_of`; not called for data that is not a dict of arrays): loaders build
+            their restore template from them without loading the data.
         on_compiles: called once the trial stops running here (also on a signal or an error)
             with what this run of it compiled: {"compilations", "cache_hits", "compile_seconds"}
             (process-wide counters: exact while the process runs one trial at a time).
@@ -100,6 +104,9 @@ def run_trial(
     try:
         fresh = initial_state(config, number, hp)
         state, data = fresh.state, fresh.data
+        shapes = shapes_of(data)
+        if on_data_shapes is not None and shapes is not None:
+            on_data_shapes(shapes)
         devices = study.train.devices
         # Fresh and restored states reach the compiled window placed alike (committed to the same
         # device(s)): Orbax returns committed arrays, init uncommitted ones, and the lowering

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
-from sweep.best import COMPILES_ATTR, eval_attr, metrics_at
+from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.runner import Outcome, run_trial
@@ -170,6 +170,11 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             fence()
             _record_resume(session, trial, step)
 
+        def on_data_shapes(shapes: dict[str, Any]) -> None:
+            if frozen.user_attrs.get(DATA_SHAPES_ATTR) != shapes:
+                fence()
+                trial.set_user_attr(DATA_SHAPES_ATTR, shapes)
+
         def on_compiles(counts: dict[str, float]) -> None:
             try:
                 fence()
@@ -180,7 +185,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         try:
             outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
                                 dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
-                                on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles)
+                                on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
+                                on_data_shapes=on_data_shapes)
             fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)

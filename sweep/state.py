@@ -46,15 +46,55 @@ def trial_keys(config: Config, number: int) -> tuple[Any, Any]:
     return init_key, train_key
 
 
-def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: bool = False) -> Fresh:
+def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: bool = False,
+                  data_shapes: Mapping[str, Any] | None = None) -> Fresh:
     """The fresh training state of trial `number` (also the template to restore into), its data
     and its kind. `hp` are the trial's hyperparameters (`config.hyperparameters(params)`).
 
     `abstract`: the state's shapes and dtypes only (`jax.eval_shape`: nothing is computed).
+    `data_shapes` (with `abstract`): the trial's data as `shapes_of` recorded it, instead of
+    calling the trial's `data` (a loader needs no training data); `data` is called where the
+    trial's `init` needs concrete arrays.
     """
     module = config.trial_module
     hp = run_hyperparameters(config, hp)
-    data = module.data(hp)
+    if abstract and data_shapes is not None:
+        try:
+            return initial_state_of(config, number, hp, abstract_data(data_shapes))
+        except Exception:  # an init that needs concrete data: the trial's own data, then
+            pass
+    return initial_state_of(config, number, hp, module.data(hp), abstract)
+
+
+def shapes_of(data: Any) -> dict[str, Any] | None:
+    """{"x_train": [[1437, 64], "float32"], ...} of data that is a (nested) dict of arrays, else None."""
+    if isinstance(data, Mapping):
+        out = {}
+        for key, value in data.items():
+            if not isinstance(key, str):
+                return None
+            if isinstance(value, Mapping):
+                inner = shapes_of(value)
+                if inner is None:
+                    return None
+                out[key] = inner
+            elif hasattr(value, "shape") and hasattr(value, "dtype"):
+                out[key] = [list(value.shape), str(value.dtype)]
+            else:
+                return None
+        return out
+    return None
+
+
+def abstract_data(shapes: Mapping[str, Any]) -> dict[str, Any]:
+    """The data of `shapes_of` as jax.ShapeDtypeStruct leaves."""
+    return {k: abstract_data(v) if isinstance(v, Mapping) else jax.ShapeDtypeStruct(tuple(v[0]), np.dtype(v[1]))
+            for k, v in shapes.items()}
+
+
+def initial_state_of(config: Config, number: int, hp: Mapping[str, Any], data: Any, abstract: bool = True) -> Fresh:
+    """`initial_state` on given data (`hp` already with the run's settings)."""
+    module = config.trial_module
     tx = module.optimizer(hp)
     init_key, train_key = trial_keys(config, number)
     initial = _init(module, hp, init_key, data, abstract)
@@ -79,7 +119,7 @@ def _init(module: Any, hp: Mapping[str, Any], key: Any, data: Any, abstract: boo
     traced (it returns an NNX module, or needs concrete data) runs eagerly, remembered per module.
     """
     leaves, treedef = jax.tree.flatten(data)
-    is_array = tuple(isinstance(x, (np.ndarray, jax.Array)) for x in leaves)
+    is_array = tuple(isinstance(x, (np.ndarray, jax.Array, jax.ShapeDtypeStruct)) for x in leaves)
     arrays = [x for x, a in zip(leaves, is_array) if a]
     others = [x for x, a in zip(leaves, is_array) if not a]
     floats = tuple(sorted(k for k, v in hp.items() if isinstance(v, float)))

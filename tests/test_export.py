@@ -182,3 +182,32 @@ def test_load_best_restores_full_state_ready_to_apply(write_study):
                            cwd=study.parent, env=cli_env(), capture_output=True, text=True)
     assert fresh.returncode == 0 and fresh.stdout.strip() == str(best.number), fresh.stderr
     assert fresh.stderr == "", fresh.stderr
+
+
+DATA_HERE_ONLY = '''
+import os
+from trials import digits_mlp
+from trials.digits_mlp import HYPERPARAMETERS, METRICS, init, optimizer, batch, loss, evaluate, test, model
+
+
+def data(hp):
+    if os.path.exists("no_training_data"):
+        raise RuntimeError("the training data is not on this machine")
+    return digits_mlp.data(hp)
+'''
+
+
+def test_export_and_load_best_need_no_training_data(write_study, tmp_path):
+    study = write_study(trial="data_here_only", n_trials=2, train={"steps": 200, "eval_every": 50})
+    (study.parent / "data_here_only.py").write_text(DATA_HERE_ONLY)
+    assert run_cli("run", study, cwd=study.parent).returncode == 0
+    (study.parent / "no_training_data").touch()  # an inference machine: data() now raises
+    result = run_cli("export", study, "--out", tmp_path / "out", cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    params, meta = __import__("sweep").load_export(tmp_path / "out")
+    assert params["Dense_0"]["kernel"].shape[0] == 64 and meta["trial_module"] == "data_here_only"
+    loaded = subprocess.run([sys.executable, "-c", "import sweep; b = sweep.load_best('study.yaml'); "
+                             "print(b.number, sorted(b.variables), int(b.state['step']) == b.step)"],
+                            cwd=study.parent, env=cli_env(), capture_output=True, text=True)
+    assert loaded.returncode == 0 and loaded.stderr == "", loaded.stderr
+    assert loaded.stdout.split()[1:] == ["['params']", "True"], loaded.stdout
