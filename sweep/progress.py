@@ -3,8 +3,9 @@
 Progress is read from Optuna's storage (reports, states, claims) and the checkpoint folders, not
 from the training loop: one view for one process, joblib workers and other hosts alike, and
 nothing for the trial code to call. Its resolution is one evaluation (`train.eval_every`), except
-for trials running in this process, whose runner shares its current step through the session's
-progress callback (`Session.steps`).
+for trials running in this process, whose runner shares its current step and its own timing of
+its windows through the session's progress callback (`Session.steps`, `Session.rates`): their
+speed and ETA do not depend on polls, and they show "compiling" until their first window ends.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class TrialLine:
     best: float | None
     steps_per_s: float | None
     ckpt_age_s: float | None
+    compiling: bool = False  # running in this process, its first window (with the compile) not done
 
     @property
     def eta_s(self) -> float | None:
@@ -54,7 +56,7 @@ class Monitor:
 
     def __init__(self, session: Session) -> None:
         self.config = session.config
-        self._steps = session.steps
+        self._steps, self._rates = session.steps, session.rates
         self._reader = Session(session.config)
         # number -> (time, step) when first seen, and when its step first changed: a step seen on a
         # report boundary (the first change) times whole steps; first sight is a rougher start.
@@ -107,6 +109,9 @@ class Monitor:
         if step == s0 and t.number in self._first_change:
             t0, s0 = seen
         rate = (step - s0) / (now - t0) if step > s0 and now > t0 else None
+        here = t.number in self._steps  # running in this process: its runner times its windows
+        if here:
+            rate = self._rates.get(t.number)
         best = best_of_reports(reports, self.config.study.objective.direction)
         folder = checkpoint_folder(self.config, t)
         mtime = newest_mtime(folder) if folder is not None else None
@@ -114,7 +119,8 @@ class Monitor:
             number=t.number, step=step, total=self.config.study.train.steps,
             value=reports[max(reports)] if reports else None,
             best=best[1] if best else None,
-            steps_per_s=rate, ckpt_age_s=now - mtime if mtime else None)
+            steps_per_s=rate, ckpt_age_s=now - mtime if mtime else None,
+            compiling=here and t.number not in self._rates)
 
 
 def _fmt(v: float | None, spec: str = ".4g") -> str:
@@ -137,9 +143,9 @@ def study_text(s: StudyLine, metric: str) -> str:
 
 def trial_text(t: TrialLine, metric: str) -> str:
     """One plain log line for a running trial."""
+    speed = "compiling" if t.compiling else f"{_fmt(t.steps_per_s, '.0f')} steps/s, eta {_duration(t.eta_s)}"
     return (f"trial {t.number}: step {t.step}/{t.total}, {metric}={_fmt(t.value)} (best {_fmt(t.best)}), "
-            f"{_fmt(t.steps_per_s, '.0f')} steps/s, eta {_duration(t.eta_s)}, "
-            f"checkpoint {_duration(t.ckpt_age_s)} ago")
+            f"{speed}, checkpoint {_duration(t.ckpt_age_s)} ago")
 
 
 def table(study: StudyLine, trials: list[TrialLine], metric: str) -> Any:
@@ -153,8 +159,8 @@ def table(study: StudyLine, trials: list[TrialLine], metric: str) -> Any:
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for line in trials:
         t.add_row(str(line.number), ProgressBar(total=line.total, completed=line.step, width=24),
-                  f"{line.step}/{line.total}", _fmt(line.value), _fmt(line.best), _fmt(line.steps_per_s, ".0f"),
-                  _duration(line.eta_s), f"{_duration(line.ckpt_age_s)} ago" if line.ckpt_age_s is not None else "-")
+                  f"{line.step}/{line.total}", _fmt(line.value), _fmt(line.best),
+                  "compiling" if line.compiling else _fmt(line.steps_per_s, ".0f"), _duration(line.eta_s), f"{_duration(line.ckpt_age_s)} ago" if line.ckpt_age_s is not None else "-")
     return t
 
 

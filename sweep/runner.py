@@ -83,8 +83,9 @@ def run_trial(
         reported: intermediate values already stored (from before an interruption); only new
             steps are reported again.
         on_restore: called with the step a checkpoint was restored from, before training.
-        on_step: called with (number, step) after every training window, and with (number, -1)
-            when the trial stops running here (the progress view's source of the current step).
+        on_step: called with (number, step) at the start, after every training window, and with
+            (number, -1) when the trial stops running here (the progress view's source of the
+            current step and of the speed: windows timed from the end of the first one).
         on_evaluation: called with (step, metrics) for every new evaluation: every metric the
             trial declares, plus "train_loss" (the mean training loss since the last evaluation).
         on_data_shapes: called at the start with the shapes and dtypes of the trial's data
@@ -121,6 +122,8 @@ def run_trial(
             if on_restore is not None:
                 on_restore(start)
         step = int(state["step"])
+        if on_step is not None:
+            on_step(number, step)  # training starts here (the first window compiles)
         best = _best_of(reported, step, sign)
         run_hp = run_hyperparameters(config, hp)
         fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), devices,

@@ -48,6 +48,10 @@ class Session:
         # trial number -> current step of the trials training in this process (the progress
         # view's per-step resolution; reports come only every eval_every steps).
         self.steps: dict[int, int] = {}
+        # trial number -> steps per second, timed by the runner from the end of its first window
+        # (which includes the compilation) on; a trial in `steps` without a rate is compiling.
+        self.rates: dict[int, float] = {}
+        self._timed_from: dict[int, tuple[float, int]] = {}
         self._steps_lock = threading.Lock()
         self._storage: optuna.storages.RDBStorage | None = None
         self._study: optuna.Study | None = None
@@ -232,12 +236,19 @@ class Session:
         return trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence)
 
     def on_step(self, number: int, step: int) -> None:
-        """The runner's progress callback: `step` -1 means the trial stopped running here."""
+        """The runner's progress callback: at the start (the step it starts from), after every
+        training window, and with `step` -1 when the trial stopped running here."""
+        now = time.monotonic()
         with self._steps_lock:
             if step < 0:
-                self.steps.pop(number, None)
-            else:
-                self.steps[number] = step
+                for table in (self.steps, self.rates, self._timed_from):
+                    table.pop(number, None)
+                return
+            if number in self.steps and step > self.steps[number]:
+                t0, s0 = self._timed_from.setdefault(number, (now, step))  # the first window ends
+                if step > s0 and now > t0:
+                    self.rates[number] = (step - s0) / (now - t0)
+            self.steps[number] = step
 
     @property
     def cache_dir(self) -> Path:

@@ -1,0 +1,43 @@
+"""Views: where a learning curve marks a resume, and the progress view's speed and compile phase."""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+
+from conftest import BASE_STUDY, merge
+from sweep import config as config_lib
+from sweep.plot import markers, value_at
+
+
+def test_a_resume_between_evaluations_is_marked_at_its_step_on_the_curve():
+    config = config_lib.from_dict(merge(BASE_STUDY, {}), origin="s.yaml")
+    trial = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=0.2,
+                                      params={}, distributions={},
+                                      intermediate_values={200: 0.5, 250: 0.3, 300: 0.2},
+                                      user_attrs={"resumed_from": [221, 250]})
+    assert markers(config, trial)["resumed"] == [221, 250]
+    assert value_at(trial, 250) == 0.3 and abs(value_at(trial, 221) - (0.5 - 0.2 * 21 / 50)) < 1e-12
+
+
+def test_speed_comes_from_the_runners_windows_and_the_first_window_shows_compiling():
+    from sweep.progress import TrialLine, trial_text
+    from sweep.session import Session
+
+    session = Session(config_lib.from_dict(merge(BASE_STUDY, {}), origin="s.yaml"))
+    session.on_step(3, 0)  # the runner starts: its first window compiles
+    assert session.steps == {3: 0} and session.rates == {}
+    time.sleep(0.05)
+    session.on_step(3, 1)  # the first window (with the compile) ends: timing starts here
+    assert session.rates == {}
+    time.sleep(0.1)
+    session.on_step(3, 11)
+    assert 30 < session.rates[3] < 110  # 10 steps in ~0.1 s, not counting the compile
+    session.on_step(3, -1)
+    assert session.steps == {} and session.rates == {}
+
+    line = TrialLine(3, 0, 600, None, None, None, None, compiling=True)
+    assert "step 0/600, val_loss=- (best -), compiling, checkpoint - ago" in trial_text(line, "val_loss")
+    line = TrialLine(3, 300, 600, 0.5, 0.4, 100.0, 2.0)
+    assert "100 steps/s, eta 0:03" in trial_text(line, "val_loss")
