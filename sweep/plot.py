@@ -65,8 +65,24 @@ def _study_figures(study: optuna.Study, out: Path) -> list[Path]:
             log.warning("plot: %s skipped: %s", name, exc)
             continue
         written.append(_write_html(fig, out / f"{name}.html"))
-        written.append(_save_png(_figure_of(ax), out / f"{name}.png"))
+        figure = _figure_of(ax)
+        if name == "parallel_coordinate":
+            _readable_axes(figure)
+        written.append(_save_png(figure, out / f"{name}.png"))
     return written
+
+
+def _readable_axes(figure: Any) -> None:
+    """Optuna's parallel-coordinates PNG puts one axis label per parameter at a fixed width: from
+    about six parameters on they overlap. Widen the figure with their number, slant the labels."""
+    n_axes = max((len(ax.get_xticks()) for ax in figure.axes), default=0)
+    if n_axes > 5:
+        width, height = figure.get_size_inches()
+        figure.set_size_inches(max(width, 1.3 * n_axes), height)
+        for ax in figure.axes:
+            for label in ax.get_xticklabels():
+                label.set_rotation(30)
+                label.set_horizontalalignment("right")
 
 
 def _figure_of(ax: Any) -> Any:

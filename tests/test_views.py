@@ -41,3 +41,19 @@ def test_speed_comes_from_the_runners_windows_and_the_first_window_shows_compili
     assert "step 0/600, val_loss=- (best -), compiling, checkpoint - ago" in trial_text(line, "val_loss")
     line = TrialLine(3, 300, 600, 0.5, 0.4, 100.0, 2.0)
     assert "100 steps/s, eta 0:03" in trial_text(line, "val_loss")
+
+
+def test_parallel_coordinates_of_many_parameters_get_room_for_their_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sweep.plot import _readable_axes
+
+    figure, ax = plt.subplots(figsize=(6.4, 4.8))
+    ax.set_xticks(range(7), [f"parameter_{i}" for i in range(7)])
+    _readable_axes(figure)
+    assert figure.get_size_inches()[0] >= 1.3 * 7
+    assert all(label.get_rotation() == 30 for label in ax.get_xticklabels())
+    plt.close(figure)
