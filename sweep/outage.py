@@ -31,6 +31,7 @@ _OUTAGE_MARKERS = (
     "the database system is shutting down", "the database system is starting up", "connection is closed",
     "ssl connection has been closed", "connection timed out", "database is locked", "lost connection",
     "server has gone away", "consuming input failed", "no connection to the server",
+    "lock timeout", "idle-in-transaction timeout",
 )  # not psycopg's generic "connection failed:" prefix: a wrong password or database name is not an outage
 
 

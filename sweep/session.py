@@ -275,13 +275,17 @@ def storage_kwargs(url: str) -> dict[str, Any]:
         return {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     if url.startswith("postgresql"):
         # A frozen worker (SIGSTOP, a paused VM) must not hold a transaction, and with it every row
-        # lock other workers wait for, forever: the server ends such a session after a minute.
+        # lock other workers wait for, forever: the server ends such a session after a minute, and
+        # a statement waiting for a lock gives up after LOCK_TIMEOUT (then it is retried like an
+        # outage, see sweep/outage.py).
         return {"pool_pre_ping": True,
-                "connect_args": {"options": f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_MS}"}}
+                "connect_args": {"options": f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_MS} "
+                                            f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"}}
     return {"pool_pre_ping": True}
 
 
 PG_IDLE_IN_TRANSACTION_MS = 60_000
+PG_LOCK_TIMEOUT_MS = 30_000
 
 
 @contextlib.contextmanager
