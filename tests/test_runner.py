@@ -163,7 +163,9 @@ def test_sigterm_grace_period_bounds_the_exit_of_a_stuck_trial(write_study):
                         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
                         checkpoint={"grace_seconds": 0.5})
     (study.parent / "stuck_trial.py").write_text(
-        FIRST_ATTEMPT_FAILS.replace("def data(hp):\n", "def data(hp):\n    import time; time.sleep(120)\n"))
+        # Stuck in the trial's data(): its second call (the first is run's check before it starts).
+        FIRST_ATTEMPT_FAILS.replace("def data(hp):\n", "_CALLS = []\ndef data(hp):\n    _CALLS.append(1)\n"
+                                    "    import time; time.sleep(120 if len(_CALLS) > 1 else 0)\n"))
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
     proc.signal(signal.SIGTERM)
