@@ -50,8 +50,7 @@ def disk_errno(exc: BaseException) -> int | None:
 
 @contextlib.contextmanager
 def _absl_quiet(quiet: bool) -> Iterator[None]:
-    """Orbax warns on every read-only manager that it sets save_interval_steps=0 (a reader, export or
-    `load_best`, asked for nothing else): not a message for the user."""
+    """absl (Orbax's logging) at ERROR and above while `quiet`."""
     absl = logging.getLogger("absl")
     level = absl.level
     if quiet and absl.getEffectiveLevel() < logging.ERROR:
@@ -113,7 +112,9 @@ class TrialCheckpoints:
         if keep_best:
             keep.append(policies.BestN(get_metric_fn=best_fn, reverse=direction == "minimize", n=keep_best,
                                        keep_checkpoints_without_metrics=False))
-        with _absl_quiet(read_only):  # the options themselves warn about read_only
+        # Orbax warns that a read-only manager gets save_interval_steps=0, from the options and from
+        # the manager: not a message for the user of a reader (export, load_best).
+        with _absl_quiet(read_only):
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=policies.AnyPreservationPolicy(keep),
                 best_fn=best_fn,
@@ -126,12 +127,11 @@ class TrialCheckpoints:
                 create=not read_only,
                 read_only=read_only,
             )
-        try:
-            with _absl_quiet(read_only):
+            try:
                 self._manager = ocp.CheckpointManager(self.directory, options=options)
-        except Exception as exc:
-            self._raise_disk_fault(exc, None)
-            raise
+            except Exception as exc:
+                self._raise_disk_fault(exc, None)
+                raise
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
         self._pending: Future[None] | None = None
         self._writing: int | None = None  # the step the writer is on

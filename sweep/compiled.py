@@ -33,7 +33,7 @@ log = logging.getLogger("sweep")
 WINDOW_SECONDS = 1.0
 # Trace errors of a trial that branches in Python on a float hyperparameter: it then gets that
 # hyperparameter as a constant (a compile per value), which is slower but correct.
-_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
                  jax.errors.TracerArrayConversionError)
 
 
@@ -232,7 +232,7 @@ class Functions:
             if abstract:
                 return jax.eval_shape(fn, *args, {k: self.hp[k] for k in traced})
             return fn(*args, {k: self.hp[k] for k in traced})
-        except _TRACE_ERRORS as exc:
+        except TRACE_ERRORS as exc:
             culprits = _culprits(exc, traced) if _TRACED_ARG.search(str(exc)) else self._probe(fn_name, traced, args)
             if not traced or not culprits - static:
                 raise
@@ -257,7 +257,7 @@ class Functions:
             fn = getattr(_build(self.module, self.kind, static, self.devices), fn_name)
             try:
                 jax.eval_shape(fn, *args, {name: self.hp[name]})
-            except _TRACE_ERRORS:
+            except TRACE_ERRORS:
                 found.add(name)
         return frozenset(found) or frozenset(traced)
 

@@ -53,8 +53,6 @@ class FloatParam(_Model):
     @model_validator(mode="after")
     def _check(self) -> FloatParam:
         _check_values_or_range(self.values, self.low, self.high, self.log, self.step)
-        if self.values is None:
-            _check_range(self.low, self.high, self.log, self.step)  # type: ignore[arg-type]
         return self
 
 
@@ -69,16 +67,16 @@ class IntParam(_Model):
     @model_validator(mode="after")
     def _check(self) -> IntParam:
         _check_values_or_range(self.values, self.low, self.high, self.log, None if self.step == 1 else self.step)
-        if self.values is None:
-            _check_range(self.low, self.high, self.log, None if self.step == 1 else self.step)  # type: ignore[arg-type]
         return self
 
 
 def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: bool, step: Any) -> None:
+    """A number parameter is either a list of values or a valid range (low, high[, log, step])."""
     if values is None:
         for name, value in (("low", low), ("high", high)):
             if value is None:
                 raise ValueError(f"{name}: is required (or give the parameter's values as a list), got None")
+        _check_range(low, high, log, step)
         return
     given = [name for name, value in (("low", low), ("high", high), ("step", step)) if value is not None]
     if given or log:

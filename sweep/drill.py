@@ -50,9 +50,9 @@ class DrillReport:
                 if self.killed_at_step > self.aimed_at_step and self.resumed_from_step > self.aimed_at_step else ""),
             f"resumed from step               {self.resumed_from_step}",
             f"work lost                       {self.lost_steps} steps, {self.lost_seconds:.2f} s",
-            "recovery: restart -> restored   " + (f"{self.restart_to_restored_s:.2f} s"
-                                                   if self.resumed_from_step else
-                                                   f"- (no checkpoint had been committed at the kill: {self.why_none})"),
+            "recovery: restart -> restored   " + (
+                f"{self.restart_to_restored_s:.2f} s" if self.resumed_from_step else
+                f"- (no checkpoint had been committed at the kill: {self.why_none})"),
             f"recovery: restart -> new step   {self.restart_to_first_new_step_s:.2f} s",
             f"bit-identical to uninterrupted  {'yes' if self.bit_identical else 'NO'}",
             *[f"  differs: {d}" for d in self.differences],
@@ -193,7 +193,8 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         since = saved_time if saved_time else victim.start_wall + (started[0] if started else 0.0)
         differences = _compare(ref, session.trial(0))
         return DrillReport(
-            killed_at_step=killed_step, aimed_at_step=kill_at, resumed_from_step=resumed, lost_steps=killed_step - resumed,
+            killed_at_step=killed_step, aimed_at_step=kill_at, resumed_from_step=resumed,
+            lost_steps=killed_step - resumed,
             lost_seconds=killed_time - since, restart_to_restored_s=restored[0] if restored else float("nan"),
             restart_to_first_new_step_s=first_step[0] if first_step else float("nan"),
             bit_identical=not differences, differences=differences, why_none=_why_none(config, killed_step))

@@ -10,8 +10,6 @@ import collections
 import dataclasses
 from typing import Any
 
-from optuna.trial import TrialState
-
 from sweep import fingerprint
 from sweep.best import checkpoint_folder
 from sweep.checkpoints import newest_step
@@ -47,16 +45,18 @@ def make(session: Session) -> Plan:
     code = fingerprint.code(config)
     if not session.open_existing():
         return Plan(False, {}, {}, [], config.study.n_trials, 0, [], code, None)
-    trials = session.trials()
-    live = session.live_numbers(trials)
-    running = [t for t in trials if t.state == TrialState.RUNNING]
+    # States in one narrow query; whole trials (for their checkpoint folders) only of the running
+    # ones: loading every trial costs seconds in a study of thousands, at every start of `run`.
+    states = session.trial_states()
+    running = session.running()
+    live = session.live_numbers(running)
     return Plan(
         exists=True,
-        finished={t.number: t.state.name for t in trials if t.state in FINISHED},
+        finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},
         resume={t.number: _newest(config, t) for t in running if t.number not in live},
         live=sorted(live),
-        new=max(0, config.study.n_trials - len(trials)),
-        first_new=max((t.number for t in trials), default=-1) + 1,
+        new=max(0, config.study.n_trials - len(states)),
+        first_new=max(states, default=-1) + 1,
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),
@@ -88,7 +88,8 @@ def text(config: Config, plan: Plan) -> str:
                 f"{notes}run would create the study and train {plan.new} trial(s)")
     if plan.refused:
         lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
-        return f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean changed:\n{lines}"
+        return (f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean "
+                f"changed:\n{lines}")
     counts = collections.Counter(plan.finished.values())
     lines = [f"{head}: {len(plan.finished)} of {config.study.n_trials} trial(s) finished"]
     if plan.finished:

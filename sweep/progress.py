@@ -160,7 +160,8 @@ def table(study: StudyLine, trials: list[TrialLine], metric: str) -> Any:
     for line in trials:
         t.add_row(str(line.number), ProgressBar(total=line.total, completed=line.step, width=24),
                   f"{line.step}/{line.total}", _fmt(line.value), _fmt(line.best),
-                  "compiling" if line.compiling else _fmt(line.steps_per_s, ".0f"), _duration(line.eta_s), f"{_duration(line.ckpt_age_s)} ago" if line.ckpt_age_s is not None else "-")
+                  "compiling" if line.compiling else _fmt(line.steps_per_s, ".0f"), _duration(line.eta_s),
+                  f"{_duration(line.ckpt_age_s)} ago" if line.ckpt_age_s is not None else "-")
     return t
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import logging
 import inspect
+import logging
 import math
 from typing import Any
 
@@ -64,18 +64,16 @@ SAMPLER_PACKAGES = {"gp": ("torch",)}
 def sampler_notes(config: Config) -> list[tuple[int, str]]:
     """(log level, line): what a sampler will do that its name does not say (a model never used,
     the share of a grid that n_trials covers)."""
-    import inspect as _inspect
-
     s, n_trials = config.study.sampler, config.study.n_trials
     notes = []
     cls = getattr(optuna.samplers, SAMPLER_CLASSES[s.type])
-    default = _inspect.signature(cls).parameters.get("n_startup_trials")
+    default = inspect.signature(cls).parameters.get("n_startup_trials")
     if default is not None and s.type in ("tpe", "gp"):
         startup = s.kwargs.get("n_startup_trials", default.default)
         if n_trials <= startup:
-            notes.append((logging.WARNING, f"sampler {s.type}: n_trials {n_trials} does not exceed its n_startup_trials {startup}, so "
-                         "every trial is sampled at random and its model is never used; raise n_trials or lower "
-                         "sampler.n_startup_trials"))
+            notes.append((logging.WARNING, f"sampler {s.type}: n_trials {n_trials} does not exceed its "
+                          f"n_startup_trials {startup}, so every trial is sampled at random and its model is never "
+                          "used; raise n_trials or lower sampler.n_startup_trials"))
     size = grid_size(config)
     if size is not None:
         notes.append((logging.INFO if n_trials >= size else logging.WARNING,
@@ -123,9 +121,10 @@ def check_config(config: Config) -> None:
     count. Creates nothing."""
     for package in SAMPLER_PACKAGES.get(config.study.sampler.type, ()):
         if importlib.util.find_spec(package) is None:
-            raise ConfigError(str(config.path), "sampler.type", f"needs the package {package}, which is not installed "
-                              f"(pip install {package}), for optuna.samplers.{SAMPLER_CLASSES[config.study.sampler.type]}",
-                              config.study.sampler.type)
+            sampler = config.study.sampler.type
+            raise ConfigError(str(config.path), "sampler.type", f"needs the package {package}, which is not "
+                              f"installed (pip install {package}), for optuna.samplers.{SAMPLER_CLASSES[sampler]}",
+                              sampler)
     build_sampler(config)
     build_pruner(config)
     devices = config.study.train.devices

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from sweep.checkpoints import TrialCheckpoints, WriteBudget
+from sweep.compiled import TRACE_ERRORS
 from sweep.config import Config
 from sweep.kinds import PlainKind, kind_of
 
@@ -60,7 +61,7 @@ def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: 
     hp = run_hyperparameters(config, hp)
     if abstract and data_shapes is not None:
         try:
-            return initial_state_of(config, number, hp, abstract_data(data_shapes))
+            return initial_state_of(config, number, hp, abstract_data(data_shapes), abstract=True)
         except Exception:  # an init that needs concrete data: the trial's own data, then
             pass
     return initial_state_of(config, number, hp, module.data(hp), abstract)
@@ -92,7 +93,7 @@ def abstract_data(shapes: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in shapes.items()}
 
 
-def initial_state_of(config: Config, number: int, hp: Mapping[str, Any], data: Any, abstract: bool = True) -> Fresh:
+def initial_state_of(config: Config, number: int, hp: Mapping[str, Any], data: Any, abstract: bool) -> Fresh:
     """`initial_state` on given data (`hp` already with the run's settings)."""
     module = config.trial_module
     tx = module.optimizer(hp)
@@ -124,11 +125,11 @@ def _init(module: Any, hp: Mapping[str, Any], key: Any, data: Any, abstract: boo
     others = [x for x, a in zip(leaves, is_array) if not a]
     floats = tuple(sorted(k for k, v in hp.items() if isinstance(v, float)))
     for traced in (floats, ()) if floats else ((),):
+        if (module.__name__, id(module), traced) in _UNTRACEABLE_INIT:
+            continue
         static = {k: v for k, v in hp.items() if k not in traced}
         cache_key = (module.__name__, id(module), repr(sorted(static.items())), traced, treedef, is_array,
                      repr(others))
-        if (module.__name__, id(module), traced) in _UNTRACEABLE_INIT:
-            continue
         with _INITS_LOCK:  # a threaded Dask worker runs several trials in one process
             fn = _INITS.get(cache_key)
             if fn is None:
@@ -142,7 +143,7 @@ def _init(module: Any, hp: Mapping[str, Any], key: Any, data: Any, abstract: boo
             if abstract and nnx is not None and isinstance(out, nnx.Module):
                 break  # an abstract NNX module holds abstract typed keys, which NNX cannot split
             return out
-        except (TypeError, *_TRACE_ERRORS):
+        except (TypeError, *TRACE_ERRORS):
             _UNTRACEABLE_INIT.add((module.__name__, id(module), traced))
     return module.init(hp, key, data)
 
@@ -160,8 +161,6 @@ def _jitted_init(module: Any, static: Mapping[str, Any], treedef: Any, is_array:
 _INITS: dict[tuple[Any, ...], Any] = {}  # jitted inits by module, static hyperparameters and data layout
 _INITS_LOCK = threading.Lock()
 _UNTRACEABLE_INIT: set[tuple[Any, ...]] = set()  # (module, traced names) whose init failed to trace
-_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
-                 jax.errors.TracerArrayConversionError, jax.errors.TracerBoolConversionError)
 
 
 def trial_checkpoints(config: Config, number: int, directory: Path, budget: WriteBudget | None = None,
