@@ -151,13 +151,14 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
     cached = study.user_attrs.get(TEST_ATTR)
     if cached and cached.get("trial") == best.number and cached.get("step") == step:
         return cached
+    from sweep.protocol import trial_data
     from sweep.state import run_hyperparameters
 
     restored = best_state(config, best)
     hp = run_hyperparameters(config, config.hyperparameters(best.params))
     metrics = _jitted("test", config, hp, restored.kind)(restored.state["params"],
                                                            restored.state.get("model_state", {}),
-                                                           config.trial_module.data(hp))
+                                                           trial_data(config.trial_module, hp))
     result = {"trial": best.number, "step": restored.step, "metrics": {k: float(v) for k, v in metrics.items()}}
     study.set_user_attr(TEST_ATTR, result)
     return result

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from sweep.kinds import PlainKind, takes_step
+from sweep.stream import streaming
 
 log = logging.getLogger("sweep")
 # A training window's target length: bounds the reaction to SIGTERM and every_seconds (the next
@@ -84,7 +85,8 @@ class Compiled:
 
 
 def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int) -> Compiled:
-    wants_step = takes_step(module.batch)
+    streams = streaming(module)  # data is (a chunk of batches, the step of its first)
+    wants_step = not streams and takes_step(module.batch)
 
     def window(params, opt_state, model_state, loss_sum, rng, data, start, n, traced_hp):
         # One compiled loop over steps [start, start + n): no Python dispatch per step. The body is
@@ -97,7 +99,10 @@ def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int
         def body(step, carry):
             params, opt_state, model_state, loss_sum, _ = carry
             batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
-            if wants_step:  # batch(hp, data, key, step): the trial's data key, the same at every step
+            if streams:  # step's batch from the host pipeline (sweep/stream.py)
+                chunk, first = data
+                batch = jax.tree.map(lambda b: b[step - first], chunk)
+            elif wants_step:  # batch(hp, data, key, step): the trial's data key, the same at every step
                 batch = module.batch(full, data, jax.random.fold_in(rng, DATA_KEY), step)
             else:
                 batch = module.batch(full, data, batch_key)

@@ -14,10 +14,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from sweep import compiled
+from sweep import compiled, stream
 from sweep.config import CategoricalParam, Config
 from sweep.errors import ConfigError
-from sweep.state import initial_state, run_hyperparameters
+from sweep.state import data_seed, initial_state, run_hyperparameters
 
 
 def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,11 +41,21 @@ def check(config: Config) -> None:
     fns = compiled.Functions(module, run_hyperparameters(config, hp), compiled.traced_names(study.search_space, hp),
                              study.train.devices, kind=fresh.kind)
     model_state = state.get("model_state", {})
+    run_hp = run_hyperparameters(config, hp)
+    window_data, eval_data = data, data
+    if stream.streaming(module):  # the window's data is a chunk of the pipeline's batches
+        with _Blame(config, "train_batches", params):
+            window_data = stream.abstract_chunk(stream.first_batch(module, run_hp, data_seed(config, 0)))
+    if stream.validation_streamed(module):
+        with _Blame(config, "val_batches", params):
+            eval_data = next(iter(module.val_batches(run_hp)), None)
+            if eval_data is None:
+                raise ValueError("val_batches yielded no batch")
     with _Blame(config, "training step (batch, loss, optimizer)", params):
         fns.shapes("window", state["params"], state["opt_state"], model_state, state["train_loss_sum"], state["key"],
-                   data, np.int32(0), np.int32(1))
+                   window_data, np.int32(0), np.int32(1))
     with _Blame(config, "evaluate", params):
-        metrics = fns.shapes("evaluate", state["params"], model_state, data)
+        metrics = fns.shapes("evaluate", state["params"], model_state, eval_data)
     _check_metrics(config, metrics)
 
 

@@ -14,6 +14,9 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 Hyperparameters = Mapping[str, Any]
 
 REQUIRED_FUNCTIONS = ("data", "init", "optimizer", "batch", "loss", "evaluate")
+# A trial that streams its training batches (`train_batches`, see sweep/stream.py) needs no
+# in-memory `data` or `batch`.
+STREAMING_OPTIONAL = ("data", "batch")
 
 
 @runtime_checkable
@@ -51,10 +54,19 @@ def protocol_problems(module: ModuleType) -> list[tuple[str, str, object]]:
     metrics = getattr(module, "METRICS", None)
     if not isinstance(metrics, (tuple, list)) or not metrics or not all(isinstance(m, str) for m in metrics):
         problems.append(("METRICS", "must be a non-empty tuple of metric names", metrics))
+    streams = callable(getattr(module, "train_batches", None))
     for name in REQUIRED_FUNCTIONS:
+        if streams and name in STREAMING_OPTIONAL and getattr(module, name, None) is None:
+            continue
         if not callable(getattr(module, name, None)):
             problems.append((name, "must be a function", getattr(module, name, None)))
     return problems
+
+
+def trial_data(module: Any, hp: Hyperparameters) -> Any:
+    """The trial's in-memory data: `data(hp)`, or {} for a streaming trial without one."""
+    data = getattr(module, "data", None)
+    return data(hp) if callable(data) else {}
 
 
 def import_trial(name: str) -> ModuleType:

@@ -17,7 +17,8 @@ from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.signals import StopSignal
-from sweep.state import initial_state, run_hyperparameters, shapes_of
+from sweep.state import data_seed, initial_state, run_hyperparameters, shapes_of
+from sweep.stream import DATA_STATE_KEY, Batches, evaluate_batches, open_iterator, validation_streamed
 
 log = logging.getLogger("sweep")
 
@@ -102,6 +103,7 @@ def run_trial(
     metric = study.objective.metric
     total, eval_every = study.train.steps, study.train.eval_every
     compiles_before = compiled.COMPILES.copy()
+    batches: Batches | None = None  # a streaming trial's training batches (sweep/stream.py)
     try:
         fresh = initial_state(config, number, hp)
         state, data = fresh.state, fresh.data
@@ -126,6 +128,11 @@ def run_trial(
             on_step(number, step)  # training starts here (the first window compiles)
         best = _best_of(reported, step, sign)
         run_hp = run_hyperparameters(config, hp)
+        if DATA_STATE_KEY in state:  # the pipeline continues where the restored step left it
+            saved = np.asarray(state.pop(DATA_STATE_KEY)) if start is not None else None
+            batches = Batches(open_iterator(module, run_hp, data_seed(config, number), saved), step, total,
+                              place)
+        val = module.val_batches(run_hp) if validation_streamed(module) else None
         fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), devices,
                                  kind=fresh.kind)
         if devices > 1:
@@ -143,13 +150,26 @@ def run_trial(
                        "train_loss_sum": loss_sum}
             if model_state:
                 current["model_state"] = model_state
-            return host_copy(current)
+            current = host_copy(current)
+            if batches is not None:
+                current[DATA_STATE_KEY] = batches.state_at(step)
+            return current
+
+        def window_of(begin: int) -> tuple[Any, int]:
+            """(data argument, end) of the window that starts at step `begin`."""
+            end = _window_end(begin, total, eval_every, study.checkpoint.every_steps, fns.cap)
+            return (data, end) if batches is None else batches.window(begin, end)
+
+        def evaluate() -> Mapping[str, Any]:
+            if val is None:
+                return fns.evaluate(params, model_state, data)
+            return evaluate_batches(lambda b: fns.evaluate(params, model_state, b), val, module.METRICS)
 
         while True:
             if step > 0 and (step % eval_every == 0 or step == total):
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.
-                evaluated = _metrics(fns.evaluate(params, model_state, data), module.METRICS, metric, number, step)
+                evaluated = _metrics(evaluate(), module.METRICS, metric, number, step)
                 value = evaluated[metric]
                 log.debug("trial %d: step %d: %s=%r (%s)", number, step, metric, value,
                           ", ".join(f"{k}={v:.6g}" for k, v in evaluated.items() if k != metric))
@@ -181,11 +201,11 @@ def run_trial(
             # signal or last step), the next window is dispatched on its outputs before waiting for
             # it, so the device never idles between them. Values are read only where needed.
             fns.restart_timing()
-            end = _window_end(step, total, eval_every, study.checkpoint.every_steps, fns.cap)
-            out = fns.dispatch(params, opt_state, model_state, loss_sum, key, data, step, end - step)
+            window_data, end = window_of(step)
+            out = fns.dispatch(params, opt_state, model_state, loss_sum, key, window_data, step, end - step)
             while not _decision_at(end, total, eval_every, cadence, stop):
-                after = _window_end(end, total, eval_every, study.checkpoint.every_steps, fns.cap)
-                ahead = fns.dispatch(*out[:4], key, data, end, after - end)  # donates out's state
+                window_data, after = window_of(end)
+                ahead = fns.dispatch(*out[:4], key, window_data, end, after - end)  # donates out's state
                 step = _finish_window(fns, out, number, step, end, on_step)
                 out, end = ahead, after
             step = _finish_window(fns, out, number, step, end, on_step)
@@ -199,6 +219,8 @@ def run_trial(
         ckpt.wait()
         raise
     finally:
+        if batches is not None:
+            batches.close()
         if on_step is not None:
             on_step(number, -1)
         done = compiled.COMPILES - compiles_before

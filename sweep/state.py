@@ -17,6 +17,8 @@ from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.compiled import TRACE_ERRORS
 from sweep.config import Config
 from sweep.kinds import PlainKind, kind_of
+from sweep.protocol import trial_data
+from sweep.stream import DATA_STATE_KEY, STATE_BYTES, streaming
 
 # Keys a checkpoint may lack (written before they existed); restored as their fresh value.
 OPTIONAL_KEYS = ("train_loss_sum",)
@@ -47,6 +49,16 @@ def trial_keys(config: Config, number: int) -> tuple[Any, Any]:
     return init_key, train_key
 
 
+def data_seed(config: Config, number: int) -> int:
+    """The seed a streaming trial's `train_batches(hp, seed)` gets: from the train key of
+    `trial_keys`, so it follows `train.seed` and `same_seed_for_all_trials` like the keys do."""
+    _, train_key = trial_keys(config, number)
+    return int(np.asarray(jax.random.key_data(jax.random.fold_in(train_key, DATA_SEED)))[-1])
+
+
+DATA_SEED = 0x73656564  # fold_in(train key, DATA_SEED): where a streaming trial's data seed comes from
+
+
 def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: bool = False,
                   data_shapes: Mapping[str, Any] | None = None) -> Fresh:
     """The fresh training state of trial `number` (also the template to restore into), its data
@@ -64,7 +76,7 @@ def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: 
             return initial_state_of(config, number, hp, abstract_data(data_shapes), abstract=True)
         except Exception:  # an init that needs concrete data: the trial's own data, then
             pass
-    return initial_state_of(config, number, hp, module.data(hp), abstract)
+    return initial_state_of(config, number, hp, trial_data(module, hp), abstract)
 
 
 def shapes_of(data: Any) -> dict[str, Any] | None:
@@ -106,6 +118,8 @@ def initial_state_of(config: Config, number: int, hp: Mapping[str, Any], data: A
              "train_loss_sum": np.zeros((), np.float32)}  # the training loss summed since the last evaluation
     if model_state:  # absent for params-only trials: their checkpoints keep their old layout
         state["model_state"] = model_state
+    if streaming(module):  # the input pipeline's position (sweep/stream.py), set at every save
+        state[DATA_STATE_KEY] = np.zeros(STATE_BYTES, np.uint8)
     return Fresh(state, data, kind)
 
 
