@@ -71,8 +71,8 @@ def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
     if args.n_trials:
         config.study = config.study.model_copy(update={"n_trials": args.n_trials})
     if args.compare == "periodic":
-        every = {"every_steps": args.every_steps, "every_seconds": None, "max_write_share": args.max_write_share} \
-            if side == "on" else {"every_steps": None, "every_seconds": 1e9}
+        every = {"every_steps": None if args.every_seconds else args.every_steps, "every_seconds": args.every_seconds,
+                 "max_write_share": args.max_write_share} if side == "on" else {"every_steps": None, "every_seconds": 1e9}
         config.study = config.study.model_copy(update={"checkpoint": config.study.checkpoint.model_copy(update=every)})
     session = Session(config)
     if side == "off" and args.compare == "nothing":
@@ -93,7 +93,10 @@ def main() -> None:
     ap.add_argument("--n-trials", type=int, default=None)
     ap.add_argument("--compare", choices=("periodic", "nothing"), default="periodic")
     ap.add_argument("--every-steps", type=int, default=100, help="the periodic cadence of --compare periodic")
-    ap.add_argument("--max-write-share", type=float, default=None, help="checkpoint.max_write_share of 'on'")
+    ap.add_argument("--every-seconds", type=float, default=None, help="a cadence in seconds instead of --every-steps")
+    ap.add_argument("--max-write-share", type=lambda v: None if v == "none" else float(v),
+                    default=config_lib.DEFAULT_WRITE_SHARE,
+                    help="checkpoint.max_write_share of 'on' (default: sweep's default; none: the exact cadence)")
     args = ap.parse_args()
     logging.getLogger("sweep").setLevel(logging.WARNING)
     import optuna
@@ -114,7 +117,8 @@ def main() -> None:
                 print(f"round {r} {side:>3}: {elapsed:7.2f} s")
     assert results["on"] == results["off"], "checkpointing changed the results"
     c = config_lib.load(args.study).study
-    settings = (f"on: every_steps={args.every_steps} max_write_share={args.max_write_share}, off: best and final "
+    cadence = f"every_seconds={args.every_seconds}" if args.every_seconds else f"every_steps={args.every_steps}"
+    settings = (f"on: {cadence} max_write_share={args.max_write_share}, off: best and final "
                 "saves only" if args.compare == "periodic"
                 else f"on: every_steps={c.checkpoint.every_steps} every_seconds={c.checkpoint.every_seconds}, "
                      "off: no checkpoint code at all")

@@ -41,6 +41,8 @@ TRIALS = {
     "digits_mlp": ("studies/digits_mlp.yaml", {"learning_rate": 0.005, "hidden": 112, "optimizer": "adam"}),
     "digits_mlp_wide": ("studies/digits_mlp.yaml", {"learning_rate": 0.005, "hidden": 1024, "optimizer": "adam",
                                                     "depth": 2, "batch_size": 256}),
+    "digits_mlp_xwide": ("studies/digits_mlp.yaml", {"learning_rate": 0.005, "hidden": 2048, "optimizer": "adam",
+                                                     "depth": 2, "batch_size": 512}),
 }
 
 
@@ -95,12 +97,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", default=",".join(TRIALS), help="comma-separated, of: " + ", ".join(TRIALS))
     ap.add_argument("--wide-steps", type=int, default=100, help="steps of digits_mlp_wide (tens of ms each)")
+    ap.add_argument("--xwide-steps", type=int, default=40, help="steps of digits_mlp_xwide (~75 ms or more each)")
     args = ap.parse_args()
     harness.quiet()
     for name in args.trials.split(","):
         study, params = TRIALS[name]
         with tempfile.TemporaryDirectory() as tmp:
-            n = args.wide_steps if name == "digits_mlp_wide" else args.steps
+            n = args.wide_steps if name == "digits_mlp_wide" else args.xwide_steps if name == "digits_mlp_xwide" \
+                else args.steps
             configs = {k: harness.example(Path(tmp), study, train={"steps": k, "eval_every": k},
                                           checkpoint={"every_steps": None, "every_seconds": 1e9}) for k in (n, 2 * n)}
             hp = configs[n].hyperparameters({k: v for k, v in params.items()

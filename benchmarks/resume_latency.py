@@ -37,7 +37,8 @@ STUDY, EVAL_EVERY = "digits_mlp.yaml", 500  # set from the command line
 
 
 def study_file(root: Path, name: str) -> Path:
-    raw = yaml.safe_load((harness.REPO / "studies" / STUDY).read_text())
+    path = Path(STUDY) if Path(STUDY).exists() else harness.REPO / "studies" / STUDY
+    raw = yaml.safe_load(path.read_text())
     raw.update(name="latency", workdir=str(root / name), n_trials=1, pruner={"type": "none"},
                train={"steps": 10**7, "eval_every": EVAL_EVERY, "seed": 0},
                checkpoint={"every_steps": EVAL_EVERY, "keep_last": 2, "keep_best": 1})
@@ -75,7 +76,8 @@ def main() -> None:
     global STUDY, EVAL_EVERY
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--study", default=STUDY, help="a study file in studies/ (digits_resnet.yaml: seconds to compile)")
+    ap.add_argument("--study", default=STUDY, help="a study file in studies/ (digits_resnet.yaml: seconds to compile), or a path "
+                    "(benchmarks/large_state.yaml: a ~100 MB state)")
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     args = ap.parse_args()
     STUDY, EVAL_EVERY = args.study, args.eval_every

@@ -32,8 +32,11 @@ DATA_STATE_KEY = "data_state"
 # The iterator state is stored as a fixed-size byte array so that the restore template of every
 # step is known without opening the pipeline: 4 bytes of length, a kind byte, the state.
 STATE_BYTES = 16384
-CHUNK_BYTES = 16 << 20  # host and device bytes of one chunk of stacked batches, about
-MIN_CHUNK, MAX_CHUNK = 4, 1024  # steps per chunk: fixed per batch shape, so one compiled window serves all
+# A chunk's steps are fixed per batch shape (one compiled window serves every chunk). Small enough
+# that training starts after a few batches were read and the pipeline runs alongside; large
+# enough that a fast step's window is not mostly dispatch.
+CHUNK_BYTES = 2 << 20  # host and device bytes of one chunk of stacked batches, about
+MIN_CHUNK, MAX_CHUNK = 4, 256
 PREFETCH_CHUNKS = 2
 
 

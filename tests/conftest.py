@@ -32,7 +32,9 @@ BASE_STUDY: dict[str, Any] = {
     },
     "fixed": {"batch_size": 32},
     "train": {"steps": 600, "eval_every": 50, "seed": 0},
-    "checkpoint": {"every_steps": 100, "keep_last": 2, "keep_best": 1},
+    # The exact cadence (no write budget): these tests kill trials between saves they wait for.
+    # The budget, the default, is tested on its own (test_runner.py).
+    "checkpoint": {"every_steps": 100, "keep_last": 2, "keep_best": 1, "max_write_share": None},
 }
 
 
@@ -45,6 +47,13 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
                   and k not in ("search_space", "fixed"))
         out[k] = merge(out[k], v) if nested else v
     return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _matplotlib_font_cache() -> None:
+    """matplotlib builds its font cache on its first import on a machine (it runs fc-list): done
+    once here, before any test, so that the first in-process test drawing a plot starts no process."""
+    import matplotlib.font_manager  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+import yaml
 from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
 
 FLAKY_TRIAL = textwrap.dedent('''
@@ -221,7 +222,7 @@ class _Recorder:
         return False
 
 
-def _train(config, number, params, directory, reported=None, steps=None, budget=None):
+def _train(config, number, params, directory, reported=None, steps=None, budget=None, stop=None):
     """Run one trial in-process; `steps` (a dict) receives the runner's current step per trial."""
     from sweep import runner
     from sweep.signals import StopSignal
@@ -231,7 +232,8 @@ def _train(config, number, params, directory, reported=None, steps=None, budget=
     recorder, ckpt = _Recorder(), trial_checkpoints(config, number, directory, budget)
     on_step = None if steps is None else (lambda n, s: steps.__setitem__(n, s) if s >= 0 else None)
     try:
-        outcome = runner.run_trial(config, number, hp, recorder, reported or {}, ckpt, StopSignal(), on_step=on_step)
+        outcome = runner.run_trial(config, number, hp, recorder, reported or {}, ckpt, stop or StopSignal(),
+                                   on_step=on_step)
         ckpt.wait()
         state = ckpt.restore(outcome.last_step, initial_state(config, number, hp)[0])
     finally:
@@ -454,3 +456,62 @@ def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, 
     before = compiled.COMPILES.copy()
     _train(config, 1, {"learning_rate": 0.02, "dropout": 0.2}, tmp_path / "b")  # another learning rate
     assert compiled.compilations(compiled.COMPILES - before, "window") == 0  # shares the program
+
+
+def test_write_budget_is_the_default_and_never_postpones_a_signal_save(write_study, tmp_path, monkeypatch):
+    # The default budget owes the periodic save of step 200 while the write of step 100 is still
+    # in flight (it is held until training passes 250, or the loop waits for it). A signal at
+    # step >= 300 is then saved at the step it is seen, waiting for the writer: never owed.
+    # Event order, not time: the 30 s deadline is never reached unless the loop hangs.
+    from sweep import checkpoints
+    from sweep import config as config_lib
+    from sweep.errors import Interrupted
+    from sweep.signals import StopSignal
+
+    path = write_study(train={"steps": 600, "eval_every": 50}, checkpoint={"every_steps": 100})
+    data = yaml.safe_load(path.read_text())
+    del data["checkpoint"]["max_write_share"]  # the tests' exact cadence: back to the default
+    path.write_text(yaml.safe_dump(data))
+    config = config_lib.load(path)
+    assert config.study.checkpoint.max_write_share == config_lib.DEFAULT_WRITE_SHARE == 0.03
+    stop = StopSignal(hard_exit=False)
+    steps: dict[int, int] = {}
+    written: list[tuple[int, int]] = []  # (step written, step trained when its write began)
+    write, wait = checkpoints.TrialCheckpoints._write, checkpoints.TrialCheckpoints.wait
+    loop_waits = []
+
+    def waiting(self):
+        if self._pending is not None and not self._pending.done():
+            loop_waits.append(steps.get(0, 0))
+        wait(self)
+
+    def gated(self, items):
+        step = items[-1][0]
+        deadline = time.monotonic() + 30
+        while step == 100 and steps.get(0, 0) <= 250 and not loop_waits and time.monotonic() < deadline:
+            time.sleep(0.001)
+        written.append((step, steps.get(0, 0)))
+        write(self, items)
+
+    def on_step(number, step):
+        if step >= 0:
+            steps[number] = step
+            if step >= 300 and stop.signum is None:
+                stop.signum = signal.SIGTERM  # what StopSignal's handler sets (without its grace timer)
+
+    from sweep import runner
+    from sweep.state import trial_checkpoints
+
+    monkeypatch.setattr(checkpoints.TrialCheckpoints, "wait", waiting)
+    monkeypatch.setattr(checkpoints.TrialCheckpoints, "_write", gated)
+    hp = config.hyperparameters({"learning_rate": 0.01, "hidden": 32})
+    ckpt = trial_checkpoints(config, 0, tmp_path / "ckpt", checkpoints.WriteBudget())
+    try:
+        with pytest.raises(Interrupted):
+            runner.run_trial(config, 0, hp, _Recorder(), {}, ckpt, stop, on_step=on_step)
+    finally:
+        ckpt.close()
+    stopped_at = steps[0]
+    assert stopped_at >= 300 and written[-1][0] == stopped_at, written  # the signal's save, at its step
+    assert 200 not in [s for s, _ in written], written  # owed while step 100 was being written
+    assert written[0][0] == 100 and loop_waits and all(w == stopped_at for w in loop_waits), (written, loop_waits)
