@@ -19,6 +19,7 @@ previous chunk.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import queue
@@ -108,6 +109,15 @@ def first_batch(module: Any, hp: Mapping[str, Any], seed: int) -> Any:
     """
     source = module.train_batches(hp, seed)
     it = _checkpointable(module, source)  # grain starts reading at the first next(), not here
+    state = it.get_state()
+    try:
+        same = decode_state(encode_state(state)) == state
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{module.__name__}.train_batches: its iterator's state cannot be stored in a checkpoint "
+                        f"({exc})") from None
+    if not same:
+        raise TypeError(f"{module.__name__}.train_batches: its iterator's state does not survive JSON "
+                        f"(a checkpoint stores it as JSON or bytes), got {state!r}")
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         return source[0]
     return next(it)
@@ -143,7 +153,7 @@ class Batches:
 
     def __init__(self, iterator: Any, first: int, total: int, place: Any) -> None:
         self._it, self.total, self.place = iterator, total, place
-        first_state = iterator.get_state()
+        first_state = copy.deepcopy(iterator.get_state())
         self._states: dict[int, Any] = {first: first_state}  # the training thread's: step -> state
         self._queue: queue.Queue[_Chunk | BaseException] = queue.Queue(maxsize=PREFETCH_CHUNKS)
         self._stop = threading.Event()
@@ -165,6 +175,11 @@ class Batches:
                                "repeat the dataset (grain: .repeat())") from None
         return jax.tree.map(np.asarray, batch)
 
+    def _state(self) -> Any:
+        # A copy: the protocol does not promise that get_state() returns a fresh object (grain's
+        # iterators do), and a state changed in place later would save a later position.
+        return copy.deepcopy(self._it.get_state())
+
     def _fill(self, step: int, head: Any, head_state: Any) -> None:
         try:
             while step < self.total and not self._stop.is_set():
@@ -176,9 +191,9 @@ class Batches:
                         batches.append(head)
                         head = None
                     else:
-                        states.append(self._it.get_state())
+                        states.append(self._state())
                         batches.append(self._pull(step + i))
-                states.append(self._it.get_state())
+                states.append(self._state())
                 pad = [jax.tree.map(np.zeros_like, batches[0])] * (self.steps - n)
                 stacked = jax.tree.map(lambda *xs: np.stack(xs), *batches, *pad)
                 chunk = _Chunk(step, n, jax.device_put(stacked, self.place), states)
@@ -222,6 +237,9 @@ class Batches:
             except queue.Empty:
                 pass
         self._thread.join()
+        close = getattr(self._it, "close", None)  # grain's reader threads and prefetch buffer, now
+        if callable(close):
+            close()
 
 
 def evaluate_batches(evaluate: Callable[[Any], Mapping[str, Any]], batches: Iterable[Any],

@@ -156,6 +156,32 @@ def test_streaming_trial_stopped_in_process_resumes_to_the_same_trial_with_its_p
     assert stream.decode_state(resumed_best.state[stream.DATA_STATE_KEY]) == {"next_index": resumed_best.step}
 
 
+def test_an_iterator_state_that_a_checkpoint_cannot_store_is_named_before_training():
+    class Tupled:  # a state with a tuple (JSON gives a list back) or a numpy int (JSON refuses it)
+        def __init__(self, state):
+            self.state = state
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return np.zeros(3)
+
+        def get_state(self):
+            return self.state
+
+        def set_state(self, state):
+            self.state = state
+
+    module = type(sys)("odd")
+    for state, rule in (({"pos": (1, 2)}, "does not survive JSON"), ({"pos": np.int64(3)}, "cannot be stored")):
+        module.train_batches = lambda hp, seed, state=state: Tupled(state)
+        with pytest.raises(TypeError, match=f"odd.train_batches: its iterator's state {rule}"):
+            stream.first_batch(module, {}, 0)
+    module.train_batches = lambda hp, seed: Tupled({"pos": [1, 2]})
+    assert (stream.first_batch(module, {}, 0) == 0).all()
+
+
 # ---- the real CLI ----
 
 def _damage_iterator_state(step_dir: Path) -> None:
