@@ -38,10 +38,10 @@ def check(config: Config) -> None:
     with _Blame(config, "init", params):
         fresh = initial_state(config, 0, hp, abstract=True)
     state, data = fresh.state, fresh.data
-    fns = compiled.Functions(module, run_hyperparameters(config, hp), compiled.traced_names(study.search_space, hp),
-                             study.train.devices, kind=fresh.kind)
-    model_state = state.get("model_state", {})
     run_hp = run_hyperparameters(config, hp)
+    fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), study.train.devices,
+                             kind=fresh.kind)
+    model_state = state.get("model_state", {})
     window_data, eval_data = data, data
     if stream.streaming(module):  # the window's data is a chunk of the pipeline's batches
         with _Blame(config, "train_batches", params):
