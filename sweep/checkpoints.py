@@ -160,6 +160,7 @@ class TrialCheckpoints:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
         self._pending: Future[None] | None = None
         self._writing: int | None = None  # the step the writer is on
+        self.written_seconds = 0.0  # the writer thread's time on this folder's saves (the goodput ledger)
         self.last_saved: int | None = self._manager.latest_step()
 
     def latest_step(self) -> int | None:
@@ -260,6 +261,7 @@ class TrialCheckpoints:
             raise
         finally:
             self.budget.record(time.monotonic() - start)
+            self.written_seconds += time.monotonic() - start
 
     def _raise_disk_fault(self, exc: Exception, step: int | None) -> None:
         """Raise DiskFault (one line: trial, step, folder, the errno's meaning) if `exc` is one,

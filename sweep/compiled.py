@@ -337,8 +337,15 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
         if getattr(_HIT, "pending", False):
             _HIT.pending = False
         else:
-            COMPILES[f"compiled:{kwargs.get('fun_name', '?')}"] += 1
+            name = _plain_name(str(kwargs.get("fun_name", "?")))
+            COMPILES[f"compiled:{name}"] += 1
+            COMPILES[f"seconds:{name}"] += duration_secs
             COMPILES["compile_seconds"] += duration_secs
+
+
+def _plain_name(fun_name: str) -> str:
+    """"window" for JAX's "jit(window)" (the form its compile events name a jitted function by)."""
+    return fun_name[4:-1] if fun_name.startswith("jit(") and fun_name.endswith(")") else fun_name
 
 
 def _on_event(event: str, **kwargs: str | int) -> None:

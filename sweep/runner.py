@@ -16,6 +16,7 @@ from sweep.best import best_of_reports
 from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
+from sweep.ledger import RunLedger
 from sweep.signals import StopSignal
 from sweep.state import data_seed, initial_state, run_hyperparameters, shapes_of
 from sweep.stream import DATA_STATE_KEY, Batches, evaluate_batches, open_iterator, validation_streamed
@@ -74,6 +75,8 @@ def run_trial(
     on_evaluation: Callable[[int, dict[str, float]], None] | None = None,
     on_compiles: Callable[[dict[str, float]], None] | None = None,
     on_data_shapes: Callable[[dict[str, Any]], None] | None = None,
+    ledger: RunLedger | None = None,
+    seed_number: int | None = None,
 ) -> Outcome:
     """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
 
@@ -104,8 +107,10 @@ def run_trial(
     total, eval_every = study.train.steps, study.train.eval_every
     compiles_before = compiled.COMPILES.copy()
     batches: Batches | None = None  # a streaming trial's training batches (sweep/stream.py)
+    ledger = ledger or RunLedger(None)
+    seed_number = number if seed_number is None else seed_number
     try:
-        fresh = initial_state(config, number, hp)
+        fresh = initial_state(config, seed_number, hp)
         state, data = fresh.state, fresh.data
         shapes = shapes_of(data)
         if on_data_shapes is not None and shapes is not None:
@@ -117,7 +122,10 @@ def run_trial(
         place = compiled.placement(devices)
         state, data = jax.device_put((state, data), place)
         sign = study.objective.sign
-        start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
+        with ledger.timed("restoring"):
+            start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
+        if reported or start is not None:  # this run redoes the work since the restored step
+            ledger.interrupted(max([*reported, start or 0]), start or 0)
         state = jax.device_put({**state, **restored}, place)  # a step saved before an optional key existed lacks it
         if start is not None:
             log.info("trial %d: resumed from step %d", number, start)
@@ -130,7 +138,7 @@ def run_trial(
         run_hp = run_hyperparameters(config, hp)
         if DATA_STATE_KEY in state:  # the pipeline continues where the restored step left it
             saved = np.asarray(state.pop(DATA_STATE_KEY)) if start is not None else None
-            batches = Batches(open_iterator(module, run_hp, data_seed(config, number), saved), step, total,
+            batches = Batches(open_iterator(module, run_hp, data_seed(config, seed_number), saved), step, total,
                               place)
         val = module.val_batches(run_hp) if validation_streamed(module) else None
         fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), devices,
@@ -169,7 +177,8 @@ def run_trial(
             if step > 0 and (step % eval_every == 0 or step == total):
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.
-                evaluated = _metrics(evaluate(), module.METRICS, metric, number, step)
+                with ledger.timed("evaluating"):
+                    evaluated = _metrics(evaluate(), module.METRICS, metric, number, step)
                 value = evaluated[metric]
                 log.debug("trial %d: step %d: %s=%r (%s)", number, step, metric, value,
                           ", ".join(f"{k}={v:.6g}" for k, v in evaluated.items() if k != metric))
@@ -184,16 +193,19 @@ def run_trial(
                 if best.offer(step, value) and step != start:
                     best.pending = (step, snapshot(), evaluated)
                 if step < total and reporter.should_prune():
-                    _flush(ckpt, best, None)
+                    with ledger.timed("checkpoint_blocking"):
+                        _flush(ckpt, best, None)
                     return Outcome("PRUNED", _best_step(best), best.value, step)
             must = step == total or stop.signum is not None
             if must or (cadence.due(step) and not cadence.defer(ckpt, study.checkpoint.max_write_share)):
-                _flush(ckpt, best, (step, snapshot, evaluated))
+                with ledger.timed("checkpoint_blocking"):
+                    _flush(ckpt, best, (step, snapshot, evaluated))
                 cadence.saved()
                 if step == total:
                     break
                 if stop.signum is not None:
-                    ckpt.wait()
+                    with ledger.timed("checkpoint_blocking"):
+                        ckpt.wait()
                     log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
                                 number, step)
                     stop.check()
@@ -201,6 +213,7 @@ def run_trial(
             # signal or last step), the next window is dispatched on its outputs before waiting for
             # it, so the device never idles between them. Values are read only where needed.
             fns.restart_timing()
+            windows_start = time.monotonic()
             window_data, end = window_of(step)
             out = fns.dispatch(params, opt_state, model_state, loss_sum, key, window_data, step, end - step)
             while not _decision_at(end, total, eval_every, cadence, stop):
@@ -209,6 +222,8 @@ def run_trial(
                 step = _finish_window(fns, out, number, step, end, on_step)
                 out, end = ahead, after
             step = _finish_window(fns, out, number, step, end, on_step)
+            ledger.add("training", time.monotonic() - windows_start)
+            ledger.at_step(step)
             params, opt_state, model_state, loss_sum, _ = out
             evaluated = None
             if announce_first_step:
@@ -224,6 +239,12 @@ def run_trial(
         if on_step is not None:
             on_step(number, -1)
         done = compiled.COMPILES - compiles_before
+        # Compiles happen inside the first window and evaluation: counted as compiling, not there.
+        for part, fun in (("training", "window"), ("evaluating", "evaluate")):
+            ledger.add(part, -min(done[f"seconds:{fun}"], ledger.parts[part]))
+        ledger.add("compiling", done["compile_seconds"])
+        ledger.background = ckpt.written_seconds
+        ledger.finish()
         if on_compiles is not None:
             on_compiles({"compilations": compiled.compilations(done), "cache_hits": done["cache_hits"],
                          "compile_seconds": round(done["compile_seconds"], 3)})

@@ -15,6 +15,7 @@ from sweep import plan as plan_lib
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
+from sweep.ledger import LEDGER_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import suggest_all
 from sweep.session import Session
@@ -182,11 +183,19 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 return  # nothing more is written for a trial this worker lost
             _record_compiles(session, trial, counts)
 
+        def write_ledger(total: dict[str, float]) -> None:
+            try:
+                fence()
+            except TakenOver:
+                return
+            trial.set_user_attr(LEDGER_ATTR, total)
+
         try:
             outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
                                 dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
                                 on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
-                                on_data_shapes=on_data_shapes)
+                                on_data_shapes=on_data_shapes, seed_number=session.seed_number(number),
+                                ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger))
             fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)

@@ -181,6 +181,10 @@ class Session:
     def ask(self) -> optuna.Trial:
         return self.study.ask()
 
+    def seed_number(self, number: int) -> int:
+        """The trial number whose keys and data order trial `number` uses (its own)."""
+        return number
+
     def handle(self, number: int) -> optuna.Trial:
         """An `optuna.Trial` for an existing RUNNING trial (to adopt it: report, suggest, tell).
         Optuna has no API to re-attach to a trial another process asked for; its constructor,

@@ -10,6 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep.checkpoints import newest_mtime
 from sweep.config import sign
+from sweep.ledger import LEDGER_ATTR, study_total, summary_line
 from sweep.session import Session
 
 
@@ -20,13 +21,16 @@ def collect(session: Session) -> dict[str, Any]:
     live = session.live_numbers(trials)
     direction = config.study.objective.direction
     folders = {t.number: checkpoint_folder(config, t) for t in trials}
+    entries = [_entry(t, live, direction, folders[t.number], config.study.objective.metric) for t in trials]
     return {
         "study": config.name,
         "storage": config.storage,
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,
-        "trials": [_entry(t, live, direction, folders[t.number], config.study.objective.metric) for t in trials],
+        "trials": entries,
+        # the goodput ledger summed over the trials (sweep/ledger.py); null before any was recorded
+        "ledger": study_total(e["ledger"] for e in entries),
     }
 
 
@@ -54,6 +58,9 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
         # XLA compilations, executables from the persistent cache and compile seconds, all its runs
         "compiles": attrs.get(COMPILES_ATTR),
+        # seconds training, evaluating, compiling, restoring, checkpointing (blocking, background),
+        # waiting, wall, lost to interruptions, and their number, over all its runs
+        "ledger": attrs.get(LEDGER_ATTR),
     }
 
 
@@ -65,7 +72,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     # The other metrics at the best step (the objective's column is best_value).
     extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
-    head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "ckpt_age"]
+    head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
+            "ckpt_age"]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
@@ -74,7 +82,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         rows.append(["*" if t["number"] == best else "", str(t["number"]), t["state"],
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
-                     _fmt(t["last_step"]), str(t["resumes"]), _age(now - mtime) if mtime else "-"])
+                     _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
+                     _age(now - mtime) if mtime else "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if highlight and best is not None:
@@ -82,7 +91,16 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         lines[i] = f"\x1b[1m{lines[i]}\x1b[0m"
     n_done = sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in status["trials"])
     lines.insert(0, f"study {status['study']}: {n_done}/{status['n_trials']} trials finished ({status['storage']})")
+    if status.get("ledger"):
+        lines.append(summary_line(status["ledger"]))
     return "\n".join(lines)
+
+
+def _lost(ledger: dict[str, float] | None) -> str:
+    """Seconds lost to interruptions and their number ("12s/2"), "-" before any was recorded."""
+    if not ledger:
+        return "-"
+    return f"{ledger['lost']:.0f}s/{int(ledger['interruptions'])}"
 
 
 def _fmt(v: Any) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep.best import best_test_metrics, checkpoint_folder
+from sweep.ledger import LEDGER_ATTR, study_total, summary_line
 from sweep.session import Session
 
 
@@ -18,9 +19,13 @@ def text(session: Session) -> str:
     lines = [f"study {config.name}: {finished}/{config.study.n_trials} trials finished "
              f"({counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
              f"{counts[TrialState.FAIL]} failed)"]
-    compiles = _compiles(session)
+    trials = session.trials()
+    compiles = _compiles(trials)
     if compiles:
         lines.append(compiles)
+    ledger = study_total(t.user_attrs.get(LEDGER_ATTR) for t in trials)
+    if ledger:
+        lines.append(summary_line(ledger))
     best = session.best_trial()
     if best is None:
         lines.append(no_complete_trial(session) or "no trial completed yet")
@@ -55,11 +60,11 @@ def no_complete_trial(session: Session) -> str | None:
     return line
 
 
-def _compiles(session: Session) -> str | None:
+def _compiles(trials: list[FrozenTrial]) -> str | None:
     """What the study's trials compiled, summed over their runs (None before any was recorded)."""
     from sweep.best import COMPILES_ATTR
 
-    counts = [t.user_attrs[COMPILES_ATTR] for t in session.trials() if t.user_attrs.get(COMPILES_ATTR)]
+    counts = [t.user_attrs[COMPILES_ATTR] for t in trials if t.user_attrs.get(COMPILES_ATTR)]
     if not counts:
         return None
     total = {k: sum(c.get(k, 0) for c in counts) for k in ("compilations", "cache_hits", "compile_seconds")}

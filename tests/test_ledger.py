@@ -1,0 +1,81 @@
+"""The goodput ledger: where each trial's time went and what its interruptions cost (in-process).
+
+A hard kill is a BaseException raised from the progress callback: it skips the signal's save, as
+`kill -9` does, and leaves the trial RUNNING with its reports and its newest checkpoint. The real
+`kill -9` is in the slow tier (test_resume.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sweep import config as config_lib
+from sweep import ledger as ledger_lib
+from sweep import status, summary
+from sweep.session import Session
+from test_scheduler import here, make_study, run, trials  # noqa: F401 (here: a fixture)
+
+
+class Killed(BaseException):
+    """Not an Exception: no handler of sweep's sees it as a failure of the trial."""
+
+
+def run_killed(study: dict[str, Any], number: int, step: int) -> None:
+    def on_step(n: int, s: int) -> None:
+        if n == number and s >= step:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(study, on_step=on_step)
+
+
+def test_ledger_counts_the_steps_redone_after_a_kill_within_the_evaluation_spacing(here):
+    # Evaluated every 10 steps, saved every 20: killed at step 40 (as its window ends, before the
+    # evaluation at 40), trial 0 resumes from step 20 and had reported up to step 30.
+    study = make_study(here, n_trials=2)
+    run_killed(study, 0, 40)
+    run(study)
+    found = {t.number: t.user_attrs[ledger_lib.LEDGER_ATTR] for t in trials(study)}
+    killed, clean = found[0], found[1]
+    assert killed["interruptions"] == 1 and clean["interruptions"] == 0
+    assert killed["lost_steps"] == 10  # 30 (reported) - 20 (restored); the kill was at 40: within 10
+    assert 0 < killed["lost"] <= killed["wall"]
+    assert clean["lost"] == 0 and clean["lost_steps"] == 0
+    for entry in found.values():
+        assert set(entry) == set(ledger_lib.KEYS)
+        assert entry["training"] > 0 and entry["evaluating"] > 0 and entry["compiling"] >= 0
+        parts = sum(entry[k] for k in ledger_lib.PARTS)
+        assert parts == pytest.approx(entry["wall"], abs=0.01), entry  # waiting is the rest of the wall time
+
+    session = Session(config_lib.from_dict(study))
+    try:
+        report = status.collect(session)
+        text = summary.text(session)
+    finally:
+        session.close()
+    assert report["ledger"]["interruptions"] == 1
+    assert report["ledger"]["wall"] == pytest.approx(killed["wall"] + clean["wall"], abs=0.01)
+    assert "lost to 1 interruption: " in text
+    table = status.table(report)
+    assert "lost" in table.splitlines()[1] and f"{killed['lost']:.0f}s/1" in table
+
+
+def test_ledger_of_a_signal_stop_loses_no_steps(here):
+    # SIGTERM saves the step it is seen at: the resume redoes nothing but the restart.
+    from test_scheduler import run_interrupted
+
+    study = make_study(here, n_trials=1)
+    run_interrupted(study, 0, 30)
+    run(study)
+    entry = trials(study)[0].user_attrs[ledger_lib.LEDGER_ATTR]
+    assert entry["interruptions"] == 1 and entry["lost_steps"] == 0
+
+
+def test_summary_line_names_interruptions_share_and_parts():
+    total = {k: 0.0 for k in ledger_lib.KEYS} | {"wall": 4320.0, "lost": 42.0, "interruptions": 3.0,
+                                                   "training": 4000.0}
+    line = ledger_lib.summary_line(total)
+    assert line.startswith("lost to 3 interruptions: 42 s of 1 h 12 min, 1.0% (time: training 93%")
+    assert ledger_lib.study_total([None, {}]) is None
