@@ -80,6 +80,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     for entry in index["trials"]:
         print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']} "
               f"-> {Path(args.out) / entry['dir']}")
+    for number, why in index.get("removed", {}).items():
+        print(f"trial {number}: not exported, its checkpoints were removed ({why})")
     print(f"exported {len(index['trials'])} trial(s) of study {session.config.name} to {args.out} "
           "(best first, index.json)")
     return 0

@@ -103,12 +103,16 @@ class BestState:
         return jax.tree.map(np.asarray, self.kind.variables(self.state["params"], self.state.get("model_state", {})))
 
 
-def best_state(config: Config, trial: FrozenTrial) -> BestState:
-    """The trial's best checkpoint, checksum-verified.
+def best_state(config: Config, trial: FrozenTrial, removed: str | None = None) -> BestState:
+    """The trial's best checkpoint, checksum-verified, held against removal while it is read.
 
     Read-only: a damaged step is an error here; quarantine and fallback are for resuming.
+
+    Raises:
+        CheckpointsRemoved: the study's disk budget removed them (`removed` says why).
     """
     from sweep.checkpoints import DamagedCheckpoint
+    from sweep.retention import reading
     from sweep.state import initial_state, trial_checkpoints  # the template the state was saved from
 
     step, value = best_step(trial, config.study.objective.direction)
@@ -118,16 +122,17 @@ def best_state(config: Config, trial: FrozenTrial) -> BestState:
     # The template from the data's recorded shapes: an export or `load_best` needs no training data.
     fresh = initial_state(config, trial.number, config.hyperparameters(trial.params), abstract=True,
                           data_shapes=trial.user_attrs.get(DATA_SHAPES_ATTR))
-    ckpt = trial_checkpoints(config, trial.number, Path(directory), read_only=True)
-    try:
-        if step not in ckpt.all_steps():
-            raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}")
-        restored = ckpt.restore_verified(step, fresh.state)
-        return BestState({**fresh.state, **restored}, step, value, fresh.kind)
-    except DamagedCheckpoint as exc:
-        raise SweepError(f"trial {trial.number}: its best checkpoint (step {step}) is damaged: {exc}") from None
-    finally:
-        ckpt.close()
+    with reading(Path(directory), trial.number, removed):
+        ckpt = trial_checkpoints(config, trial.number, Path(directory), read_only=True)
+        try:
+            if step not in ckpt.all_steps():
+                raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}")
+            restored = ckpt.restore_verified(step, fresh.state)
+            return BestState({**fresh.state, **restored}, step, value, fresh.kind)
+        except DamagedCheckpoint as exc:
+            raise SweepError(f"trial {trial.number}: its best checkpoint (step {step}) is damaged: {exc}") from None
+        finally:
+            ckpt.close()
 
 
 def _jitted(fn_name: str, config: Config, hp: Mapping[str, Any], kind: Any) -> Any:

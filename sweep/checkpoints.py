@@ -122,9 +122,11 @@ class TrialCheckpoints:
 
     def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int,
                  read_only: bool = False, label: str = "trial", budget: WriteBudget | None = None,
-                 optional_keys: tuple[str, ...] = (), fence: Callable[[], None] | None = None) -> None:
+                 optional_keys: tuple[str, ...] = (), fence: Callable[[], None] | None = None,
+                 room: Callable[[int, int], None] | None = None) -> None:
         self.directory = Path(directory)
         self.fence = fence  # raises if this worker no longer holds the trial: called before each write
+        self.room = room  # (step, bytes): makes room under the study's disk budget or raises DiskFault
         self.label = label
         self.optional_keys = optional_keys
         self.budget = budget or WriteBudget()
@@ -285,6 +287,8 @@ class TrialCheckpoints:
             self._writing = step
             if self.fence is not None:
                 self.fence()  # a worker that lost its trial never commits over the new owner's steps
+            if self.room is not None:
+                self.room(step, sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)))
             # The checksum is durable before the step exists, so a committed step always has one.
             integrity.write_checksum(self.directory, step, integrity.checksum(state))
             self._manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
@@ -171,6 +171,10 @@ class Checkpoint(_Model):
     # would again fit in this share of the wall time, is owed and written at the first window end
     # that allows it (the last step and a signal's save never wait). null: the exact cadence.
     max_write_share: Annotated[float, Field(gt=0, le=1)] | None = DEFAULT_WRITE_SHARE
+    # The study's disk budget (sweep/retention.py): only the K best COMPLETE finished trials keep
+    # their checkpoints; and a cap on all of the study's checkpoint bytes ("50GB", "500MiB", bytes).
+    keep_trials: Annotated[int, Field(ge=1)] | None = None
+    max_disk: Annotated[ByteSize, Field(gt=0)] | None = None
 
 
 class Parallel(_Model):

@@ -13,6 +13,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep import retention
 from sweep.best import best_state, best_step, metrics_at, train_loss_at
 from sweep.errors import SweepError
 from sweep.export_format import flatten
@@ -64,12 +65,17 @@ def _json(obj: Any) -> bytes:
 def export(session: Session, out: Path, trial: int | None = None, include_pruned: bool = False) -> dict[str, Any]:
     """Write the export of the study's finished trials (or only `trial`) into `out`; returns the index.
 
+    Trials whose checkpoints the study's disk budget removed are left out (index.json's `removed`
+    lists them, with why); asked for by `trial`, one is an error.
+
     Raises:
-        SweepError: the study or the trial does not exist, or no trial is finished yet.
+        SweepError: the study or the trial does not exist, no trial is finished yet, or `trial`'s
+            checkpoints were removed.
     """
     from safetensors.numpy import save
 
     config = session.open(create=False).config
+    removed = retention.removed(session)
     states = (TrialState.COMPLETE, TrialState.PRUNED) if include_pruned else (TrialState.COMPLETE,)
     trials = session.trials(states)
     if trial is not None:
@@ -79,8 +85,14 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
             why = "it does not exist" if trial not in known else "it is not " + (
                 "COMPLETE or PRUNED" if include_pruned else "COMPLETE (see --include-pruned)")
             raise SweepError(f"cannot export trial {trial} of study {config.name!r}: {why}")
+    if trial is not None and trial in removed:
+        raise retention.CheckpointsRemoved(retention.removed_message(trial, config.checkpoint_dir(trial),
+                                                                     removed[trial]))
+    skipped = {t.number: removed[t.number] for t in trials if t.number in removed}
+    trials = [t for t in trials if t.number not in removed]
     if not trials:
-        raise SweepError(f"study {config.name!r} has no finished trial to export yet")
+        raise SweepError(f"study {config.name!r} has no finished trial to export yet" + (
+            f" (the disk budget removed the checkpoints of trials {sorted(skipped)})" if skipped else ""))
     direction, metric = config.study.objective.direction, config.study.objective.metric
     sign = config.study.objective.sign
     trials = sorted(trials, key=lambda t: (sign * best_step(t, direction)[1], t.number))
@@ -107,5 +119,7 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
         _write(folder / "meta.json", _json(entry))
         entries.append(entry)
     index = {"study": config.name, "metric": metric, "direction": direction, "trials": entries}
+    if skipped:  # finished, but without checkpoints: checkpoint.keep_trials / max_disk removed them
+        index["removed"] = {str(n): why for n, why in sorted(skipped.items())}
     _write(out / "index.json", _json(index))
     return index

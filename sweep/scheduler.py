@@ -12,6 +12,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
+from sweep import retention
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
@@ -42,6 +43,7 @@ def run(session: Session, stop: StopSignal) -> None:
     session.use_compilation_cache()
     config, claims = session.config, session.claims
     _log_start(session)
+    retention.enforce(session)  # a changed budget, or a removal a kill cut short
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()
     try:
@@ -139,13 +141,14 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         fence()  # before the tell
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            return
-        if outcome.state == "COMPLETE":
+        elif outcome.state == "COMPLETE":
             session.study.tell(trial, outcome.best_value, skip_if_finished=True)
         else:
             session.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-        log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
-                 config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
+        if outcome is not None:
+            log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
+                     config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
+        retention.enforce(session)  # a finished trial may push another out of the study's budget
     except TakenOver as exc:
         log.warning("%s", exc)  # the study goes on; the trial is the other worker's now
     finally:

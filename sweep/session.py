@@ -214,13 +214,13 @@ class Session:
         self.check_unchanged()
         attrs = self.storage.get_study_user_attrs(self.study_id)
         if fingerprint.STUDY_ATTR not in attrs:
-            self._set_study_attr(fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
+            self.set_study_attr(fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
             self.check_unchanged()  # another worker may have stored its file first
         code = fingerprint.code(self.config)
         if attrs.get(fingerprint.CODE_ATTR) != code:
-            self._set_study_attr(fingerprint.CODE_ATTR, code)
+            self.set_study_attr(fingerprint.CODE_ATTR, code)
 
-    def _set_study_attr(self, key: str, value: Any) -> None:
+    def set_study_attr(self, key: str, value: Any) -> None:
         """Set a study user attribute that several workers may set at once: Optuna inserts the row
         when it finds none, so a racing worker's insert fails on the unique key; theirs stands."""
         try:
@@ -235,9 +235,14 @@ class Session:
                     fence: Callable[[], None] | None = None) -> TrialCheckpoints:
         """Trial `number`'s checkpoint folder, sharing this session's write budget; `fence` is
         called before each write (it raises if this worker no longer holds the trial)."""
+        from sweep import retention
         from sweep.state import trial_checkpoints
 
-        return trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence)
+        def room(step: int, needed: int) -> None:
+            retention.make_room(self, number, step, needed, directory)
+
+        return trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence,
+                                 room=room if self.config.study.checkpoint.max_disk is not None else None)
 
     def on_step(self, number: int, step: int) -> None:
         """The runner's progress callback: at the start (the step it starts from), after every

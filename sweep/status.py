@@ -8,6 +8,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
+from sweep import retention
 from sweep.checkpoints import newest_mtime
 from sweep.config import sign
 from sweep.ledger import LEDGER_ATTR, study_total, summary_line
@@ -21,7 +22,9 @@ def collect(session: Session) -> dict[str, Any]:
     live = session.live_numbers(trials)
     direction = config.study.objective.direction
     folders = {t.number: checkpoint_folder(config, t) for t in trials}
-    entries = [_entry(t, live, direction, folders[t.number], config.study.objective.metric) for t in trials]
+    removed = retention.removed(session)
+    entries = [_entry(t, live, direction, folders[t.number], config.study.objective.metric,
+                      removed.get(t.number)) for t in trials]
     return {
         "study": config.name,
         "storage": config.storage,
@@ -40,7 +43,8 @@ def _state(t: FrozenTrial, live: set[int]) -> str:
     return t.state.name
 
 
-def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric: str) -> dict[str, Any]:
+def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric: str,
+           removed: str | None) -> dict[str, Any]:
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
@@ -52,7 +56,9 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "best_step": attrs.get("best_step", best_step),
         "best_value": attrs.get("best_value", best_value),
         "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
-        "checkpoint_dir": str(folder) if folder is not None else None,  # where it is now
+        "checkpoint_dir": str(folder) if folder is not None and removed is None else None,  # where it is now
+        # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
+        "checkpoints_removed": removed,
         "resumes": int(attrs.get("resumes", 0)),
         "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
         "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
@@ -83,7 +89,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
-                     _age(now - mtime) if mtime else "-"])
+                     "removed" if t.get("checkpoints_removed") else _age(now - mtime) if mtime else "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if highlight and best is not None:

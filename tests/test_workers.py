@@ -10,8 +10,8 @@ from conftest import run_cli, study_of
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
-def test_n_jobs_2_runs_exactly_n_trials_each_once(write_study):
-    study = write_study(n_trials=5, pruner={"type": "none"})
+def test_n_jobs_2_runs_exactly_n_trials_each_once_and_keeps_the_2_best_trials_checkpoints(write_study):
+    study = write_study(n_trials=5, pruner={"type": "none"}, checkpoint={"keep_trials": 2})
     result = run_cli("run", study, "--n-jobs", "2", cwd=study.parent)
     assert result.returncode == 0, result.stderr
     started = sorted(int(n) for n in re.findall(r"trial (\d+): started", result.stderr))
@@ -19,6 +19,22 @@ def test_n_jobs_2_runs_exactly_n_trials_each_once(write_study):
     trials = study_of(study).trials
     assert len(trials) == 5 and all(t.state.name == "COMPLETE" for t in trials)
     assert "study t: 5/5 trials finished" in result.stdout
+    # checkpoint.keep_trials 2: only the two best keep a folder; each removal came after its
+    # trial finished (either worker may remove it).
+    best = sorted(trials, key=lambda t: (t.value, t.number))
+    root = study.parent / "runs" / "t" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("trial_") and p.name[-1].isdigit()) == sorted(
+        f"trial_{t.number:04d}" for t in best[:2])
+    removed = [int(n) for n in re.findall(r"trial (\d+): checkpoints removed \(keep_trials 2", result.stderr)]
+    assert sorted(set(removed)) == sorted(t.number for t in best[2:])
+    for n in removed:
+        assert result.stderr.index(f"trial {n}: complete") < result.stderr.index(f"trial {n}: checkpoints removed")
+    gone = best[-1].number
+    refused = run_cli("export", study, "--out", str(study.parent / "out"), "--trial", str(gone), cwd=study.parent)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert f"error: trial {gone}: its checkpoints at " in refused.stderr
+    assert "removed by the study's disk budget (keep_trials 2: not among the 2 best COMPLETE trials)" in refused.stderr
+    assert not (study.parent / "out" / f"trial_{gone:04d}").exists()
 
 
 def test_n_jobs_zero_is_a_usage_error(write_study):

@@ -1,0 +1,254 @@
+"""The study-wide disk budget: `checkpoint.keep_trials` and `checkpoint.max_disk`.
+
+Per-trial retention (Orbax's, in checkpoints.py) bounds each trial; this bounds the study. Orbax
+has no notion of a study, so removing other trials' folders is written here. Removal is
+crash-safe and never pulls a step from under a reader:
+
+- the intent is recorded first (a study user attribute `checkpoints_removed:<number>`), then the
+  folder is renamed to a dot-name (atomic; no reader or resume lists it any more), then deleted;
+  a kill at any point leaves either the whole folder or a dot-folder that the next pass deletes;
+- readers (export, `load_best`, `continue`) hold a shared `flock` on the trial's folder while they
+  read it; removal takes the exclusive lock without waiting and skips a folder being read (the
+  next pass takes it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.errors import DiskFault, SweepError
+
+log = logging.getLogger("sweep")
+REMOVED_ATTR = "checkpoints_removed:"  # + trial number: why its checkpoints were removed (study attr)
+_DOOMED = ".removing"  # suffix of a folder renamed for deletion
+SIBLINGS = ("", ".sums", ".quarantine")  # a trial's folder, its checksums, its damaged steps
+# Orbax's ~30 small files and folders beside a step's array bytes, as allocated on disk (4 KB
+# blocks): the estimate of a trial's first step; later steps are estimated by the newest one.
+FIRST_STEP_OVERHEAD_BYTES = 128 << 10
+
+
+class CheckpointsRemoved(SweepError):
+    """The trial's checkpoints were removed by the study's disk budget."""
+
+
+@contextlib.contextmanager
+def reading(folder: Path, number: int, removed: str | None = None) -> Iterator[None]:
+    """Hold trial `number`'s checkpoint folder against removal while reading it.
+
+    Raises:
+        CheckpointsRemoved: the folder was removed (`removed` says why, if known).
+    """
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        raise CheckpointsRemoved(removed_message(number, folder, removed)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(folder))
+        except FileNotFoundError:
+            same = False
+        if not same:  # renamed for removal between our open and our lock
+            raise CheckpointsRemoved(removed_message(number, folder, removed))
+        yield
+    finally:
+        os.close(fd)
+
+
+def removed_message(number: int, folder: Path, removed: str | None) -> str:
+    why = f"removed by the study's disk budget ({removed})" if removed else "not found"
+    return (f"trial {number}: its checkpoints at {folder} were {why}; its record, curve and metrics stay "
+            "(`status`), its weights are gone")
+
+
+def folder_bytes(folder: Path) -> int:
+    """Disk space taken under `folder`, as `du` counts it (allocated blocks of files and folders;
+    0 if it does not exist): what fills a disk, not the files' lengths."""
+    total = 0
+    for root, dirs, names in os.walk(folder):
+        for name in (*dirs, *names):
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def study_bytes(session: Any) -> int:
+    """The study's checkpoint bytes: every trial folder with its checksums and quarantine."""
+    root = session.config.workdir / "checkpoints"
+    return folder_bytes(root)
+
+
+def removed(session: Any) -> dict[int, str]:
+    """number -> why its checkpoints were removed, for every trial whose were."""
+    attrs = session.storage.get_study_user_attrs(session.study_id)
+    return {int(k[len(REMOVED_ATTR):]): v for k, v in attrs.items() if k.startswith(REMOVED_ATTR)}
+
+
+def _remove_tree(path: Path) -> int:
+    """Rename `path` to a dot-name in its folder, then delete it; its bytes, 0 if it was gone.
+
+    The caller holds whatever lock guards `path`."""
+    doomed = path.with_name(f".{path.name}{_DOOMED}")
+    try:
+        size = folder_bytes(path)
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        return 0
+    shutil.rmtree(doomed, ignore_errors=True)
+    return size
+
+
+@contextlib.contextmanager
+def _exclusive(folder: Path) -> Iterator[bool]:
+    """The exclusive lock on `folder` if no reader holds it (True), without waiting (else False)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
+    """Remove trial `t`'s checkpoints (recorded first); bytes freed, 0 if it is being read."""
+    if not folder.exists():
+        return 0
+    session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
+    with _exclusive(folder) as mine:
+        if not mine:
+            log.info("trial %d: its checkpoints are being read; removed on a later pass", t.number)
+            return 0
+        freed = _remove_tree(folder)
+    for suffix in SIBLINGS[1:]:
+        freed += _remove_tree(folder.with_name(folder.name + suffix))
+    log.info("trial %d: checkpoints removed (%s), %s freed", t.number, why, _size(freed))
+    return freed
+
+
+def remove_steps(t: FrozenTrial, folder: Path, keep: set[int]) -> int:
+    """Remove the committed steps of finished trial `t` other than `keep`; bytes freed."""
+    freed = 0
+    with _exclusive(folder) as mine:
+        if not mine:
+            return 0
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.name.isdigit() and int(entry.name) not in keep:
+                freed += _remove_tree(Path(entry.path))
+                sums = folder.with_name(folder.name + ".sums") / f"{entry.name}.sweep.json"
+                with contextlib.suppress(FileNotFoundError):
+                    freed += sums.stat().st_size
+                    sums.unlink()
+    if freed:
+        log.info("trial %d: steps other than %s removed (checkpoint.max_disk), %s freed", t.number,
+                 sorted(keep), _size(freed))
+    return freed
+
+
+def _leftovers(root: Path) -> None:
+    """Delete what a removal cut short by a kill left: dot-folders in the study's checkpoint root
+    and in its trial folders."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.name.endswith(_DOOMED):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        elif entry.is_dir() and not entry.name.startswith("."):
+            with contextlib.suppress(OSError):
+                for inner in os.scandir(entry.path):
+                    if inner.name.endswith(_DOOMED):
+                        shutil.rmtree(inner.path, ignore_errors=True)
+
+
+def _ranked(session: Any, finished: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The COMPLETE trials, best first (ties: lower number first)."""
+    sign = session.config.study.objective.sign
+    complete = [t for t in finished if t.state == TrialState.COMPLETE and t.value is not None]
+    return sorted(complete, key=lambda t: (sign * t.value, t.number))
+
+
+def enforce(session: Any, needed: int = 0) -> int:
+    """Apply keep_trials, then (if `max_disk` is set) make the study's checkpoints fit with
+    `needed` more bytes; returns the study's checkpoint bytes after that (0 without max_disk).
+
+    Order (README, "A disk budget for the study"): finished trials outside the `keep_trials` best
+    lose their folders; then, over `max_disk`, finished trials from the worst lose their steps other
+    than their best. Running and interrupted trials keep everything.
+    """
+    from sweep.best import checkpoint_folder
+
+    config = session.config
+    c = config.study.checkpoint
+    _leftovers(config.workdir / "checkpoints")
+    if c.keep_trials is None and c.max_disk is None:
+        return 0
+    finished = session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    ranked = _ranked(session, finished)
+    folders = {t.number: checkpoint_folder(config, t) for t in finished}
+    if c.keep_trials is not None:
+        kept = {t.number for t in ranked[: c.keep_trials]}
+        for t in finished:
+            if t.number not in kept and folders[t.number] is not None:
+                why = (f"keep_trials {c.keep_trials}: not among the {c.keep_trials} best COMPLETE trials"
+                       if t.state == TrialState.COMPLETE else f"keep_trials {c.keep_trials}: {t.state.name}")
+                remove_trial(session, t, folders[t.number], why)
+    if c.max_disk is None:
+        return 0
+    used = study_bytes(session)
+    worst_first = [t for t in reversed(ranked)] + [t for t in finished if t not in ranked]
+    for t in worst_first:
+        if used + needed <= c.max_disk:
+            break
+        folder = folders[t.number]
+        best = t.user_attrs.get("best_step")
+        if folder is not None and folder.exists() and best is not None:
+            used -= remove_steps(t, folder, {int(best)})
+    return used
+
+
+def make_room(session: Any, number: int, step: int, needed: int, folder: Path) -> None:
+    """Before trial `number` writes step `step` (~`needed` bytes): evict what the budget's order
+    allows; raise DiskFault (exit 1, the trial resumable) if the study would still exceed max_disk."""
+    from sweep.checkpoints import newest_step
+
+    cap = session.config.study.checkpoint.max_disk
+    if cap is None:
+        return
+    newest = newest_step(folder)
+    needed = folder_bytes(folder / str(newest)) if newest is not None else needed + FIRST_STEP_OVERHEAD_BYTES
+    used = enforce(session, needed)
+    if used + needed > cap:
+        raise DiskFault(
+            f"trial {number}: cannot write its checkpoint of step {step} to {folder}: checkpoint.max_disk "
+            f"{_size(cap)} would be exceeded (the study's checkpoints take {_size(used)}, the step needs "
+            f"~{_size(needed)}) and nothing more can be removed (running trials and the best step of every "
+            "finished trial are kept); its committed steps are intact and it stays resumable: raise "
+            "max_disk, or lower keep_trials or keep_last, and run the same command")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
