@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import traceback
+from typing import Any
 
 from sweep.errors import Interrupted, SweepError, UsageError
 
@@ -36,6 +37,17 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     plan = sub.add_parser("plan", help="what `run` would do now (skip, resume, start, refuse), without running")
     plan.add_argument("study_file", metavar="STUDY.yaml")
+    cont = sub.add_parser("continue", help="train finished trials further, from their last checkpoint "
+                                           "(a companion study; re-run the same command after any interruption)")
+    cont.add_argument("study_file", metavar="STUDY.yaml")
+    cont.add_argument("--steps", type=int, required=True, help="train them to this many steps in total")
+    which = cont.add_mutually_exclusive_group(required=True)
+    which.add_argument("--top", type=int, metavar="K", help="the K best COMPLETE trials")
+    which.add_argument("--trial", type=int, action="append", metavar="N", help="trial N (repeatable)")
+    cont.add_argument("--quiet", action="store_true", help="only warnings, errors and the summary")
+    for reader in (status, export, plot):
+        reader.add_argument("--continued", type=int, metavar="STEPS", default=None,
+                            help="the study's trials continued to STEPS steps (see `continue`)")
     drill = sub.add_parser("drill", help="recovery drill: kill a short copy of the study, restart it, measure")
     drill.add_argument("study_file", metavar="STUDY.yaml")
     drill.add_argument("--seed", type=int, default=None, help="seed of the random kill step")
@@ -60,10 +72,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    from sweep import api, status
+def _open(args: argparse.Namespace) -> Any:
+    """The study named on the command line, or with --continued its companion study."""
+    from sweep import api
 
-    with api.open(args.study_file) as session:
+    session = api.open(args.study_file)
+    if getattr(args, "continued", None) is None:
+        return session
+    from sweep.continuation import open_companion
+
+    return open_companion(session.config, args.continued)
+
+
+def _cmd_continue(args: argparse.Namespace) -> int:
+    from sweep import config as config_lib, continuation
+
+    config = config_lib.load(args.study_file)
+    with continuation.start(config, args.steps, args.top, args.trial) as session:
+        session.run(1, quiet=args.quiet, _exit_on_signal=True)
+        print(session.summary())
+        print(f"continued trials: python -m sweep status {args.study_file} --continued {args.steps}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from sweep import status
+
+    with _open(args) as session:
         report = session.status()
     print(json.dumps(report, indent=1) if args.json else status.table(report, highlight=sys.stdout.isatty()))
     return 0
@@ -72,9 +107,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sweep import api, logs
+    from sweep import logs
 
-    with api.open(args.study_file) as session:
+    with _open(args) as session:
         logs.setup(quiet=True)
         index = session.export(args.out, trial=args.trial, include_pruned=args.include_pruned)
     for entry in index["trials"]:
@@ -90,9 +125,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sweep import api, logs
+    from sweep import logs
 
-    with api.open(args.study_file) as session:
+    with _open(args) as session:
         logs.setup()
         written = session.plot(args.out)
     out = Path(args.out)
@@ -133,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "plot": _cmd_plot,
-                "plan": _cmd_plan, "drill": _cmd_drill}[args.command](args)
+                "plan": _cmd_plan, "drill": _cmd_drill,
+                "continue": _cmd_continue}[args.command](args)
     except Interrupted as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -28,7 +28,7 @@ class RunLedger:
     """
 
     def __init__(self, before: Mapping[str, float] | None,
-                 write: Callable[[dict[str, float]], None] | None = None) -> None:
+                 write: Callable[[dict[str, float]], None] | None = None, first_step: int = 0) -> None:
         self.before = {k: float(v) for k, v in (before or {}).items() if k in KEYS}
         self.start = time.monotonic()
         self.parts = dict.fromkeys(PARTS, 0.0)
@@ -38,10 +38,14 @@ class RunLedger:
         self.lost_steps = 0
         self._write = write
         self._written = self.start
+        self.first_step = first_step  # where the trial's own training began (a continued trial: later)
 
-    def interrupted(self, reached: int, step: int) -> None:
-        """This run, restored at `step`, redoes the work up to `reached`, the step the trial had
-        reached before."""
+    def started_at(self, step: int, reached: int) -> None:
+        """This run starts at `step` (restored, or 0) of a trial that had reached `reached`
+        before: an interruption if that is past where the trial's training began; the work up to
+        `reached` is done again."""
+        if reached <= self.first_step:
+            return
         self.reached, self.lost, self.lost_steps = reached, None, reached - step
         self.at_step(step)
 

@@ -124,8 +124,7 @@ def run_trial(
         sign = study.objective.sign
         with ledger.timed("restoring"):
             start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
-        if reported or start is not None:  # this run redoes the work since the restored step
-            ledger.interrupted(max([*reported, start or 0]), start or 0)
+        ledger.started_at(start or 0, max([*reported, start or 0]))
         state = jax.device_put({**state, **restored}, place)  # a step saved before an optional key existed lacks it
         if start is not None:
             log.info("trial %d: resumed from step %d", number, start)

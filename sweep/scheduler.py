@@ -135,6 +135,8 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         if recorded != ckpt_dir:
             trial.set_user_attr("checkpoint_dir", ckpt_dir)
         params = suggest_all(config, trial)
+        if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
+            frozen = session.trial(claimed.number)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
         outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence)
@@ -198,7 +200,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                                 dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
                                 on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
                                 on_data_shapes=on_data_shapes, seed_number=session.seed_number(number),
-                                ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger))
+                                ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger,
+                                                 first_step=session.first_step(number)))
             fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)

@@ -10,6 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep import retention
 from sweep.checkpoints import newest_mtime
+from sweep.continuation import companions
 from sweep.config import sign
 from sweep.ledger import LEDGER_ATTR, study_total, summary_line
 from sweep.session import Session
@@ -34,6 +35,8 @@ def collect(session: Session) -> dict[str, Any]:
         "trials": entries,
         # the goodput ledger summed over the trials (sweep/ledger.py); null before any was recorded
         "ledger": study_total(e["ledger"] for e in entries),
+        # steps -> companion study of the trials `continue` trained that far (status --continued STEPS)
+        "continued": {str(k): v for k, v in sorted(companions(session).items())},
     }
 
 
@@ -99,6 +102,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     lines.insert(0, f"study {status['study']}: {n_done}/{status['n_trials']} trials finished ({status['storage']})")
     if status.get("ledger"):
         lines.append(summary_line(status["ledger"]))
+    for steps, name in (status.get("continued") or {}).items():
+        lines.append(f"continued to {steps} steps: study {name} (status --continued {steps})")
     return "\n".join(lines)
 
 

@@ -1,0 +1,147 @@
+"""`continue`: finished trials trained further in a companion study (in-process; the CLI with a
+real kill is in test_resume.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sweep import config as config_lib
+from sweep import continuation, integrity, scheduler
+from sweep.errors import StudyNotFound, UsageError
+from sweep.signals import StopSignal
+from test_ledger import Killed, run_killed
+from test_scheduler import here, make_study, run, snapshot, trials  # noqa: F401 (here: a fixture)
+
+
+def continued(study: dict[str, Any], steps: int, top: int | None = None, numbers: list[int] | None = None,
+              kill_at: int | None = None) -> None:
+    """`continue` of the study in this process; killed (as kill -9 would) at step `kill_at`."""
+    session = continuation.start(config_lib.from_dict(study), steps, top, numbers)
+    if kill_at is not None:
+        def on_step(number: int, step: int) -> None:
+            if step >= kill_at:
+                raise Killed
+        session.on_step = on_step  # type: ignore[method-assign]
+    try:
+        session.check_before_run()
+        if kill_at is None:
+            scheduler.run(session, StopSignal())
+        else:
+            with pytest.raises(Killed):
+                scheduler.run(session, StopSignal())
+    finally:
+        session.close()
+
+
+def companion(study: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The companion study, as `trials` and `snapshot` read it (they find the storage by workdir)."""
+    return {**study, "name": f"{study['name']}.continued-{steps}"}
+
+
+def test_continued_trial_is_bit_identical_to_one_trained_that_long_and_survives_a_kill(here):
+    # Trial 1 of a 40-step study, continued to 80 steps (killed at step 70 on the way, then the
+    # same command again), equals trial 1 of the same study trained 80 steps from the start: its
+    # keys and data order are trial 1's, though it is trial 0 of the companion study.
+    ref = make_study(here / "ref", n_trials=2, train={"steps": 80, "eval_every": 10, "seed": 0})
+    run(ref)
+    study = make_study(here, n_trials=2)
+    run(study)
+    continued(study, 80, numbers=[1], kill_at=70)
+    continued(study, 80, numbers=[1])
+    (got,) = snapshot(companion(study, 80))
+    want = snapshot(ref)[1]
+    assert got[1:] == want[1:]  # state, params, value, every report, best and last step, metrics
+    (t,) = trials(companion(study, 80))
+    assert t.user_attrs["continued_from"] == {"study": "sched", "number": 1, "last_step": 40}
+    assert t.user_attrs["resumed_from"] == [40, 60]  # carried over at 40, resumed at 60 after the kill
+    assert t.user_attrs["ledger"]["interruptions"] == 1 and t.user_attrs["ledger"]["lost_steps"] == 0
+    # The whole training state at step 80 (params, optimizer state, key, ...), by its checksum.
+    got_sum = integrity.read_checksum(here / "runs" / "continued-80" / "checkpoints" / "trial_0000", 80)
+    assert got_sum == integrity.read_checksum(here / "ref" / "runs" / "checkpoints" / "trial_0001", 80)
+    assert got_sum is not None
+    # The same command once more trains nothing; the study itself is untouched.
+    before = snapshot(companion(study, 80))
+    continued(study, 80, numbers=[1])
+    assert snapshot(companion(study, 80)) == before
+    assert [t.user_attrs["last_step"] for t in trials(study)] == [40, 40]
+
+
+def test_continue_top_k_takes_the_best_complete_trials(here):
+    study = make_study(here, n_trials=3)
+    run(study)
+    continued(study, 60, top=2)
+    best = sorted(trials(study), key=lambda t: (t.value, t.number))[:2]
+    got = trials(companion(study, 60))
+    assert [t.user_attrs["continued_from"]["number"] for t in got] == sorted(t.number for t in best)
+    assert all(t.state.name == "COMPLETE" and t.user_attrs["last_step"] == 60 for t in got)
+
+
+@pytest.mark.parametrize("case", ["steps-not-more", "not-complete", "unknown", "last-step-removed", "no-study"])
+def test_continue_refuses_clearly_and_creates_nothing(here, case):
+    study = make_study(here, n_trials=2, checkpoint={"every_steps": 20, "keep_last": 2, "keep_trials": 1})
+    if case == "not-complete":
+        run_killed(study, 1, 20)  # trial 1 stays RUNNING
+    elif case != "no-study":
+        run(study)
+    worst = max(trials(study), key=lambda t: t.value or 0).number if case != "no-study" else 0
+    args, message = {
+        "steps-not-more": ((40, None, [0]), "cannot continue trial 0 to 40 steps: it has trained 40 already"),
+        "not-complete": ((80, None, [1]), "cannot continue trial 1 of study 'sched': it is RUNNING, not COMPLETE"),
+        "unknown": ((80, None, [7]), "cannot continue trial 7 of study 'sched': it does not exist"),
+        "last-step-removed": ((80, None, [worst]), f"cannot continue trial {worst}: its last step 40 was not kept "
+                                                   "(its checkpoints were removed (keep_trials 1:"),
+        "no-study": ((80, 1, None), "study 'sched' not found"),
+    }[case]
+    error = StudyNotFound if case == "no-study" else UsageError
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        continued(study, *args)
+    assert not (Path(study["workdir"]) / f"continued-{args[0]}").exists()
+    with pytest.raises(StudyNotFound, match="has no trials continued to"):
+        continuation.open_companion(config_lib.from_dict(study), 80)
+
+
+@pytest.mark.slow
+def test_cli_continue_killed_and_rerun_equals_a_longer_study(write_study, reference, tmp_path):
+    import json
+    import yaml
+
+    from conftest import Running, kill9, run_cli, snapshot as cli_snapshot, study_of, wait_for_checkpoint
+
+    study = write_study(n_trials=2, pruner={"type": "none"})
+    assert run_cli("run", study, cwd=study.parent).returncode == 0
+    workdir = Path(yaml.safe_load(study.read_text())["workdir"])
+    folder = workdir / "continued-2400" / "checkpoints" / "trial_0000"
+    proc = Running("continue", study, "--trial", "1", "--steps", "2400", cwd=study.parent)
+    wait_for_checkpoint(folder, 1200)
+    kill9(proc)
+    storage = f"sqlite:///{workdir}/study.db"
+    import optuna
+
+    (killed,) = optuna.load_study(study_name="t.continued-2400", storage=storage).trials
+    reached = max(killed.intermediate_values)
+    resumes_at = max(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+    again = run_cli("continue", study, "--trial", "1", "--steps", "2400", cwd=study.parent)
+    assert again.returncode == 0, again.stderr
+    assert f"trial 0: interrupted, will resume from its newest checkpoint, step {resumes_at}" in again.stderr
+    (t,) = optuna.load_study(study_name="t.continued-2400", storage=storage).trials
+    want = reference(n_trials=2, pruner={"type": "none"}, train={"steps": 2400})[1]
+    got = (t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
+           t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"))
+    assert got[1:] == want[1:]
+    assert t.user_attrs["ledger"]["interruptions"] == 1  # the kill (carrying trial 1 over is not one)
+    assert t.user_attrs["ledger"]["lost_steps"] == reached - resumes_at
+    assert [tr.user_attrs["last_step"] for tr in study_of(study).trials] == [600, 600]  # the study is untouched
+    assert cli_snapshot(study)[1][4] == dict(sorted(study_of(study).trials[1].intermediate_values.items()))
+
+    shown = json.loads(run_cli("status", study, "--continued", "2400", "--json", cwd=study.parent).stdout)
+    assert [(e["number"], e["state"], e["last_step"]) for e in shown["trials"]] == [(0, "COMPLETE", 2400)]
+    assert "continued to 2400 steps: study t.continued-2400" in run_cli("status", study, cwd=study.parent).stdout
+    out = tmp_path / "out"
+    exported = run_cli("export", study, "--continued", "2400", "--out", str(out), cwd=study.parent)
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads((out / "index.json").read_text())["trials"][0]["last_step"] == 2400
+    refused = run_cli("status", study, "--continued", "999", cwd=study.parent)
+    assert refused.returncode == 1 and "has no trials continued to 999 steps" in refused.stderr
