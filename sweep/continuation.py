@@ -12,6 +12,7 @@ that long from the start. It is a sweep study of its own: a kill, then the same 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -27,6 +28,7 @@ from sweep.config import Config
 from sweep.errors import StudyNotFound, UsageError
 from sweep.session import Session
 
+log = logging.getLogger("sweep")
 CONTINUED_ATTR = "continued_from"  # {"study", "number", "last_step"} of the trial it continues
 _READY_ATTR = "continued_ready"  # its checkpoints and reports were carried over
 
@@ -95,6 +97,8 @@ class ContinuingSession(StudySession):
             if key.startswith(EVAL_ATTR_PREFIX) and key not in frozen.user_attrs:
                 trial.set_user_attr(key, value)
         trial.set_user_attr(_READY_ATTR, True)
+        log.info("trial %d: continues trial %d of study %s from its last step %d, to %d steps", number,
+                 origin.number, self.source.name, origin.user_attrs["last_step"], self.config.study.train.steps)
         return True
 
 
@@ -169,6 +173,8 @@ def open_companion(config: Config, steps: int) -> StudySession:
     if not session.open_existing():
         raise StudyNotFound(f"study {config.name!r} has no trials continued to {steps} steps "
                             f"(`python -m sweep continue {config.path} --steps {steps} ...` makes them)")
+    # n_trials of a companion study is the number of trials continued into it
+    session.config = companion_config(config, steps, n_trials=max(1, len(session.trial_states())))
     return session
 
 
