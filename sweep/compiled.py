@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import os
 import re
 import threading
 import time
@@ -130,23 +131,67 @@ def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int
 DATA_KEY = 0x64617461  # fold_in(train key, DATA_KEY): the data key of `batch(hp, data, key, step)`
 
 
-class FunctionCache:
-    """Jitted functions by (trial module, static hyperparameters, traced names, devices), bounded.
+# The in-process cache's memory bound: executables of programs not used lately are dropped once
+# the memory their compilation took (measured as the process's resident-memory growth around each
+# program's first call) adds up to more than this. $SWEEP_EXECUTABLE_CACHE_MB sets it.
+DEFAULT_MAX_BYTES = int(float(os.environ.get("SWEEP_EXECUTABLE_CACHE_MB", 1024)) * 2**20)
 
-    A study of many shapes must not keep every executable alive, hence the bound. Also remembers
-    which (module, function, traced names) cannot be traced. Thread-safe: a threaded Dask worker
-    runs several trials in one process.
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux's /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclasses.dataclass
+class _Entry:
+    value: Any  # Compiled, or a jitted init
+    module_key: tuple[str, int]
+    static: dict[str, Any]  # the hyperparameters compiled in as constants
+    bytes: dict[str, int] = dataclasses.field(default_factory=dict)  # function -> memory its first call took
+
+
+class FunctionCache:
+    """Jitted programs by (trial module, static hyperparameters, traced names, devices, kind): a
+    trial's window and evaluation (`get`), its init (`init`). Shared by trials of equal static
+    hyperparameters; bounded by count and by the memory their compilation took, least recently
+    used first; `retain` drops the programs of hyperparameters a study can no longer sample.
+
+    A study of many shapes must not keep every executable alive (RSS grew to 1.65 GB holding 8
+    pairs of a small LM's programs). Also remembers which (module, function, traced names) cannot
+    be traced. Thread-safe: a threaded Dask worker runs several trials in one process.
     """
 
-    def __init__(self, max_entries: int = 8) -> None:
-        self.max_entries = max_entries
-        self._functions: collections.OrderedDict[tuple[Any, ...], Compiled] = collections.OrderedDict()
+    def __init__(self, max_entries: int = 8, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: collections.OrderedDict[tuple[Any, ...], _Entry] = collections.OrderedDict()
         self._untraceable: set[tuple[Any, ...]] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     @staticmethod
     def _module_key(module: Any) -> tuple[str, int]:
         return module.__name__, id(module)  # a reloaded module with the same name is another module
+
+    def _lookup(self, key: tuple[Any, ...], module: Any, static: dict[str, Any], build: Callable[[], Any]) -> Any:
+        try:
+            hash(key)
+        except TypeError:  # an NNX module with an unhashable static attribute: no sharing
+            key = (*key[:-1], id(key[-1]))
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key].value
+            self._entries[key] = _Entry(build(), self._module_key(module), static)
+            self._shrink()
+            return self._entries[key].value
+
+    def _shrink(self) -> None:
+        """Drop least recently used entries (never the newest) while over either bound."""
+        while len(self._entries) > 1 and (len(self._entries) > self.max_entries or self.bytes() > self.max_bytes):
+            self._entries.popitem(last=False)
 
     def get(self, module: Any, hp: Mapping[str, Any], traced: tuple[str, ...], devices: int = 1,
             kind: PlainKind | None = None) -> Compiled:
@@ -157,20 +202,48 @@ class FunctionCache:
         """
         kind = kind or PlainKind()
         static = {k: v for k, v in hp.items() if k not in traced}
-        key: tuple[Any, ...] = (*self._module_key(module), repr(sorted(static.items())), traced, devices,
-                                kind.static_key())
-        try:
-            hash(key)
-        except TypeError:  # an NNX module with an unhashable static attribute: no sharing
-            key = (*key[:-1], id(kind))
+        key = ("trial", *self._module_key(module), repr(sorted(static.items())), traced, devices, kind.static_key())
+        return self._lookup(key, module, static, lambda: _build(module, kind, static, devices))
+
+    def init(self, module: Any, static: Mapping[str, Any], traced: tuple[str, ...], layout: tuple[Any, ...],
+             build: Callable[[], Any]) -> Any:
+        """The jitted init of `module` for `static` hyperparameters and a data `layout`."""
+        key = ("init", *self._module_key(module), repr(sorted(static.items())), traced, layout)
+        return self._lookup(key, module, dict(static), build)
+
+    def call(self, value: Any, fn_name: str, call: Callable[[], Any]) -> Any:
+        """`call()`, a call of `fn_name` of the cached `value`; its first call is measured (the
+        resident memory its compilation took) for the memory bound."""
         with self._lock:
-            if key in self._functions:
-                self._functions.move_to_end(key)
-                return self._functions[key]
-            out = self._functions[key] = _build(module, kind, static, devices)
-            if len(self._functions) > self.max_entries:
-                self._functions.popitem(last=False)
-            return out
+            entry = next((e for e in self._entries.values() if e.value is value), None)
+            measure = entry is not None and fn_name not in entry.bytes
+        if not measure:
+            return call()
+        before = resident_bytes()
+        out = call()
+        after = resident_bytes()
+        with self._lock:
+            entry.bytes[fn_name] = max(0, after - before) if before is not None and after is not None else 0
+            self._shrink()
+        return out
+
+    def bytes(self) -> int:
+        """The measured memory of the cached programs."""
+        with self._lock:
+            return sum(sum(e.bytes.values()) for e in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def retain(self, module: Any, reachable: Callable[[Mapping[str, Any]], bool]) -> int:
+        """Drop `module`'s programs whose static hyperparameters `reachable` rejects (a grid study's
+        points that are all taken); returns how many were dropped."""
+        with self._lock:
+            gone = [k for k, e in self._entries.items()
+                    if e.module_key == self._module_key(module) and not reachable(e.static)]
+            for k in gone:
+                del self._entries[k]
+            return len(gone)
 
     def static_names(self, module: Any, fn: str) -> frozenset[str]:
         """The hyperparameters `fn` ("window"/"evaluate") of `module` needs as Python values."""
@@ -187,7 +260,7 @@ class FunctionCache:
 
     def clear(self) -> None:
         with self._lock:
-            self._functions.clear()
+            self._entries.clear()
             self._untraceable.clear()
 
 
@@ -232,11 +305,12 @@ class Functions:
     def _call(self, fn_name: str, *args: Any, abstract: bool = False) -> Any:
         static = self.cache.static_names(self.module, fn_name)
         traced = tuple(name for name in self.traced if name not in static)
-        fn = getattr(self.cache.get(self.module, self.hp, traced, self.devices, self.kind), fn_name)
+        functions = self.cache.get(self.module, self.hp, traced, self.devices, self.kind)
+        fn = getattr(functions, fn_name)
         try:
             if abstract:
                 return jax.eval_shape(fn, *args, {k: self.hp[k] for k in traced})
-            return fn(*args, {k: self.hp[k] for k in traced})
+            return self.cache.call(functions, fn_name, lambda: fn(*args, {k: self.hp[k] for k in traced}))
         except TRACE_ERRORS as exc:
             culprits = _culprits(exc, traced) if _TRACED_ARG.search(str(exc)) else self._probe(fn_name, traced, args)
             if not traced or not culprits - static:

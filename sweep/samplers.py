@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import inspect
+import itertools
 import logging
 import math
 from typing import Any
@@ -47,6 +48,14 @@ def _grid(config: Config) -> dict[str, list[Any]]:
             raise ConfigError(str(config.path), f"search_space.{name}", "needs a step, or a list of values, for "
                               "the grid sampler (a log scale: values: [1.0e-4, 3.0e-4, 1.0e-3])", None)
     return grid
+
+
+def grid_points(config: Config) -> list[dict[str, Any]]:
+    """Every point of a grid study's grid ([] for other samplers)."""
+    if config.study.sampler.type != "grid":
+        return []
+    grid = _grid(config)
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
 def grid_size(config: Config) -> int | None:

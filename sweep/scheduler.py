@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -18,7 +18,8 @@ from sweep.checkpoints import newest_step
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
-from sweep.samplers import suggest_all
+from sweep.compiled import FUNCTIONS
+from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal
 
@@ -151,6 +152,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
             log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
                      config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
         retention.enforce(session)  # a finished trial may push another out of the study's budget
+        _forget_taken_grid_points(session)
     except TakenOver as exc:
         log.warning("%s", exc)  # the study goes on; the trial is the other worker's now
     finally:
@@ -225,6 +227,24 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             frozen = session.trial(number)  # the failed attempt's new reports
         finally:
             ckpt.close()
+
+
+def _forget_taken_grid_points(session: Session) -> None:
+    """A grid study samples each point once: drop this process's compiled programs of
+    hyperparameters that no remaining grid point has (a shape-changing grid keeps RSS flat)."""
+    config = session.config
+    points = grid_points(config)
+    if not points:
+        return
+    taken = {repr(sorted(t.params.items())) for t in session.trials()}
+    remaining = [p for p in points if repr(sorted(p.items())) not in taken]
+
+    def reachable(static: Mapping[str, Any]) -> bool:
+        return any(all(static.get(k, v) == v for k, v in p.items()) for p in remaining)
+
+    dropped = FUNCTIONS.retain(config.trial_module, reachable)
+    if dropped:
+        log.debug("dropped %d compiled program(s) of grid points all taken", dropped)
 
 
 def _record_compiles(session: Session, trial: optuna.Trial, counts: dict[str, float]) -> None:

@@ -6,7 +6,6 @@ Loaders (export, `load_best`) build the template here without importing the trai
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -14,7 +13,7 @@ import jax
 import numpy as np
 
 from sweep.checkpoints import TrialCheckpoints, WriteBudget
-from sweep.compiled import TRACE_ERRORS
+from sweep.compiled import FUNCTIONS, TRACE_ERRORS
 from sweep.config import Config
 from sweep.kinds import PlainKind, kind_of
 from sweep.protocol import trial_data
@@ -142,17 +141,11 @@ def _init(module: Any, hp: Mapping[str, Any], key: Any, data: Any, abstract: boo
         if (module.__name__, id(module), traced) in _UNTRACEABLE_INIT:
             continue
         static = {k: v for k, v in hp.items() if k not in traced}
-        cache_key = (module.__name__, id(module), repr(sorted(static.items())), traced, treedef, is_array,
-                     repr(others))
-        with _INITS_LOCK:  # a threaded Dask worker runs several trials in one process
-            fn = _INITS.get(cache_key)
-            if fn is None:
-                fn = _INITS[cache_key] = _jitted_init(module, static, treedef, is_array, others)
-                while len(_INITS) > 8:
-                    _INITS.pop(next(iter(_INITS)))
+        fn = FUNCTIONS.init(module, static, traced, (treedef, is_array, repr(others)),
+                            lambda: _jitted_init(module, static, treedef, is_array, others))
         try:
             args = (key, arrays, {k: hp[k] for k in traced})
-            out = jax.eval_shape(fn, *args) if abstract else fn(*args)
+            out = jax.eval_shape(fn, *args) if abstract else FUNCTIONS.call(fn, "init", lambda: fn(*args))
             nnx = sys.modules.get("flax.nnx")
             if abstract and nnx is not None and isinstance(out, nnx.Module):
                 break  # an abstract NNX module holds abstract typed keys, which NNX cannot split
@@ -172,8 +165,6 @@ def _jitted_init(module: Any, static: Mapping[str, Any], treedef: Any, is_array:
     return jax.jit(init)
 
 
-_INITS: dict[tuple[Any, ...], Any] = {}  # jitted inits by module, static hyperparameters and data layout
-_INITS_LOCK = threading.Lock()
 _UNTRACEABLE_INIT: set[tuple[Any, ...]] = set()  # (module, traced names) whose init failed to trace
 
 
