@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -111,9 +112,9 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None) -
     Raises:
         CheckpointsRemoved: the study's disk budget removed them (`removed` says why).
     """
-    from sweep.checkpoints import DamagedCheckpoint
+    from sweep.checkpoints import kept_steps
     from sweep.retention import reading
-    from sweep.state import initial_state, trial_checkpoints  # the template the state was saved from
+    from sweep.state import initial_state  # the template the state was saved from
 
     step, value = best_step(trial, config.study.objective.direction)
     directory = checkpoint_folder(config, trial)
@@ -122,17 +123,44 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None) -
     # The template from the data's recorded shapes: an export or `load_best` needs no training data.
     fresh = initial_state(config, trial.number, config.hyperparameters(trial.params), abstract=True,
                           data_shapes=trial.user_attrs.get(DATA_SHAPES_ATTR))
+    remote = _remote(config)
+    if remote is not None and removed is None and step not in kept_steps(directory):
+        # Not here (another host's study, a new machine): read it from the bucket, via a temp folder.
+        with tempfile.TemporaryDirectory(prefix="sweep-remote-") as tmp:
+            local = Path(tmp) / Path(directory).name
+            local.mkdir()
+            if step not in remote.steps(local.name):
+                raise SweepError(f"trial {trial.number}: its best step {step} is neither in {directory} nor in "
+                                 f"{remote.url}")
+            remote.download(local.name, step, local)
+            return _restore(config, trial, local, step, value, fresh)
     with reading(Path(directory), trial.number, removed):
-        ckpt = trial_checkpoints(config, trial.number, Path(directory), read_only=True)
-        try:
-            if step not in ckpt.all_steps():
-                raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}")
-            restored = ckpt.restore_verified(step, fresh.state)
-            return BestState({**fresh.state, **restored}, step, value, fresh.kind)
-        except DamagedCheckpoint as exc:
-            raise SweepError(f"trial {trial.number}: its best checkpoint (step {step}) is damaged: {exc}") from None
-        finally:
-            ckpt.close()
+        return _restore(config, trial, Path(directory), step, value, fresh)
+
+
+def _remote(config: Config) -> Any:
+    url = config.study.checkpoint.remote
+    if url is None:
+        return None
+    from sweep.remote import RemoteTier
+
+    return RemoteTier(url, config.name)
+
+
+def _restore(config: Config, trial: FrozenTrial, directory: Path, step: int, value: float, fresh: Any) -> BestState:
+    from sweep.checkpoints import DamagedCheckpoint
+    from sweep.state import trial_checkpoints
+
+    ckpt = trial_checkpoints(config, trial.number, directory, read_only=True)
+    try:
+        if step not in ckpt.all_steps():
+            raise SweepError(f"trial {trial.number}: its best step {step} is missing from {directory}")
+        restored = ckpt.restore_verified(step, fresh.state)
+        return BestState({**fresh.state, **restored}, step, value, fresh.kind)
+    except DamagedCheckpoint as exc:
+        raise SweepError(f"trial {trial.number}: its best checkpoint (step {step}) is damaged: {exc}") from None
+    finally:
+        ckpt.close()
 
 
 def _jitted(fn_name: str, config: Config, hp: Mapping[str, Any], kind: Any) -> Any:

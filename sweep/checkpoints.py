@@ -123,10 +123,12 @@ class TrialCheckpoints:
     def __init__(self, directory: Path, metric: str, direction: str, keep_last: int, keep_best: int,
                  read_only: bool = False, label: str = "trial", budget: WriteBudget | None = None,
                  optional_keys: tuple[str, ...] = (), fence: Callable[[], None] | None = None,
-                 room: Callable[[int, int], None] | None = None) -> None:
+                 room: Callable[[int, int], None] | None = None,
+                 on_commit: Callable[[int], None] | None = None) -> None:
         self.directory = Path(directory)
         self.fence = fence  # raises if this worker no longer holds the trial: called before each write
         self.room = room  # (step, bytes): makes room under the study's disk budget or raises DiskFault
+        self.on_commit = on_commit  # (step): a step is durable here (the remote tier uploads it)
         self.label = label
         self.optional_keys = optional_keys
         self.budget = budget or WriteBudget()
@@ -295,6 +297,10 @@ class TrialCheckpoints:
             self._manager.wait_until_finished()
             integrity.make_durable(self.directory / str(step))
         self._drop_stale_checksums()
+        if self.on_commit is not None:
+            for step, _, _ in items:
+                if (self.directory / str(step)).exists():  # not one Orbax's retention removed at once
+                    self.on_commit(step)
 
     def _drop_stale_checksums(self) -> None:
         kept = {e.name for e in _step_dirs(self.directory)}

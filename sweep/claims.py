@@ -116,12 +116,13 @@ class Claims:
         except IntegrityError:  # another process inserted the same key first
             return False
 
-    def check(self, key: str, what: str) -> None:
+    def check(self, key: str, what: str, released_is_mine: bool = False) -> None:
         """The fence before every write for a trial (report, attribute, checkpoint, tell).
 
         Raises:
             TakenOver: another worker holds `key` now (this one was frozen or cut off for longer
-                than the lease grace, and its claim was taken over).
+                than the lease grace, and its claim was taken over); with `released_is_mine`
+                false, also when no worker holds it.
         """
         # A check stays good for less than the time a takeover needs: the lease runs out only after
         # `grace` without a heartbeat (one every grace / 4), so a worker that held the key at its
@@ -139,6 +140,8 @@ class Claims:
         holder = self._retry(owner)
         if holder == self.owner:
             self._checked[key] = now
+        elif holder is None and released_is_mine:
+            return  # this worker finished the trial and let go; no one else took it
         else:
             away = max(time.monotonic() - self.last_beat, self.last_gap)
             raise TakenOver(f"{what} was taken over by {holder.split('/')[0] if holder else 'no one (released)'} "

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -175,6 +176,17 @@ class Checkpoint(_Model):
     # their checkpoints; and a cap on all of the study's checkpoint bytes ("50GB", "500MiB", bytes).
     keep_trials: Annotated[int, Field(ge=1)] | None = None
     max_disk: Annotated[ByteSize, Field(gt=0)] | None = None
+    # A remote tier on S3-compatible storage (sweep/remote.py): every committed step is uploaded
+    # in the background; resumes, takeovers and readers fetch what the local folder lacks.
+    remote: str | None = None
+
+    @model_validator(mode="after")
+    def _check_remote(self) -> Checkpoint:
+        if self.remote is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?",
+                                                        self.remote):
+            raise ValueError(f"remote: must be s3://bucket/prefix (a bucket name of 3-63 lowercase letters, digits, "
+                             f"dots and hyphens), got {self.remote!r}")
+        return self
 
 
 class Parallel(_Model):

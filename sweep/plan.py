@@ -50,10 +50,11 @@ def make(session: Session) -> Plan:
     states = session.trial_states()
     running = session.running()
     live = session.live_numbers(running)
+    remote = _remote_newest(session) if any(t.number not in live for t in running) else {}
     return Plan(
         exists=True,
         finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},
-        resume={t.number: _newest(config, t) for t in running if t.number not in live},
+        resume={t.number: _newest(config, t, remote) for t in running if t.number not in live},
         live=sorted(live),
         new=max(0, config.study.n_trials - len(states)),
         first_new=max(states, default=-1) + 1,
@@ -63,9 +64,21 @@ def make(session: Session) -> Plan:
     )
 
 
-def _newest(config: Config, trial: Any) -> int | None:
+def _newest(config: Config, trial: Any, remote: dict[str, int]) -> int | None:
+    """The newest step of `trial` here or in the bucket of checkpoint.remote."""
     folder = checkpoint_folder(config, trial)
-    return newest_step(folder) if folder is not None else None
+    found = [s for s in (newest_step(folder) if folder is not None else None,
+                         remote.get(f"trial_{trial.number:04d}")) if s is not None]
+    return max(found, default=None)
+
+
+def _remote_newest(session: Session) -> dict[str, int]:
+    if session.remote is None:
+        return {}
+    try:
+        return session.remote.newest_steps()
+    except Exception:  # noqa: BLE001 - the plan reads: the run itself says what it cannot fetch
+        return {}
 
 
 def resume_text(step: int | None) -> str:

@@ -140,11 +140,14 @@ def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
         freed = _remove_tree(folder)
     for suffix in SIBLINGS[1:]:
         freed += _remove_tree(folder.with_name(folder.name + suffix))
+    if session.remote is not None:  # the bucket follows the local folder (marker first)
+        with contextlib.suppress(Exception):
+            session.remote.prune(folder)
     log.info("trial %d: checkpoints removed (%s), %s freed", t.number, why, _size(freed))
     return freed
 
 
-def remove_steps(t: FrozenTrial, folder: Path, keep: set[int]) -> int:
+def remove_steps(session: Any, t: FrozenTrial, folder: Path, keep: set[int]) -> int:
     """Remove the committed steps of finished trial `t` other than `keep`; bytes freed."""
     freed = 0
     with _exclusive(folder) as mine:
@@ -157,6 +160,9 @@ def remove_steps(t: FrozenTrial, folder: Path, keep: set[int]) -> int:
                 with contextlib.suppress(FileNotFoundError):
                     freed += sums.stat().st_size
                     sums.unlink()
+    if freed and session.remote is not None:
+        with contextlib.suppress(Exception):
+            session.remote.prune(folder)
     if freed:
         log.info("trial %d: steps other than %s removed (checkpoint.max_disk), %s freed", t.number,
                  sorted(keep), _size(freed))
@@ -222,7 +228,7 @@ def enforce(session: Any, needed: int = 0) -> int:
         folder = folders[t.number]
         best = t.user_attrs.get("best_step")
         if folder is not None and folder.exists() and best is not None:
-            used -= remove_steps(t, folder, {int(best)})
+            used -= remove_steps(session, t, folder, {int(best)})
     return used
 
 

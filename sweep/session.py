@@ -57,6 +57,7 @@ class Session:
         self._study: optuna.Study | None = None
         self._study_id: int | None = None
         self._claims: Claims | None = None
+        self._remote: Any = None  # sweep.remote.RemoteTier, made on first use
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -250,8 +251,34 @@ class Session:
         def room(step: int, needed: int) -> None:
             retention.make_room(self, number, step, needed, directory)
 
-        return trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence,
-                                 room=room if self.config.study.checkpoint.max_disk is not None else None)
+        remote = self.remote
+        if remote is not None and not read_only:
+            remote.fetch_missing(directory, f"trial {number}")  # a new host resumes from the bucket
+
+        def upload_fence() -> None:
+            # An upload may outlast the trial (its claim released when it finished): it is fenced
+            # against another worker's takeover only.
+            self.claims.check(self.claims.key(number), f"trial {number}", released_is_mine=True)
+
+        def uploaded(step: int) -> None:
+            remote.upload(directory, step, upload_fence if fence is not None else None)
+
+        ckpt = trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence,
+                                 room=room if self.config.study.checkpoint.max_disk is not None else None,
+                                 on_commit=uploaded if remote is not None and not read_only else None)
+        if remote is not None and not read_only:
+            remote.upload_missing(directory, upload_fence if fence is not None else None)  # a kill kept them back
+        return ckpt
+
+    @property
+    def remote(self) -> Any:
+        """The study's remote tier (sweep.remote.RemoteTier), or None without checkpoint.remote."""
+        url = self.config.study.checkpoint.remote
+        if url is not None and self._remote is None:
+            from sweep.remote import RemoteTier
+
+            self._remote = RemoteTier(url, self.config.name)
+        return self._remote
 
     def on_step(self, number: int, step: int) -> None:
         """The runner's progress callback: at the start (the step it starts from), after every

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from sweep.errors import Interrupted
@@ -28,6 +29,7 @@ class StopSignal:
         self.hard_exit = hard_exit
         self._previous: dict[int, Any] = {}
         self._timers: list[threading.Timer] = []
+        self._since: float | None = None  # monotonic time of the first signal
 
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -50,6 +52,7 @@ class StopSignal:
                 os._exit(130)
             raise KeyboardInterrupt
         self.signum = signum
+        self._since = time.monotonic()
         log.warning("signal %d received: checkpointing running trials, then exiting (at most %g s)", signum,
                     self.grace_seconds)
         # A step or a save that hangs (a stuck filesystem) must not keep a preempted machine alive:
@@ -65,6 +68,10 @@ class StopSignal:
             return
         log.error("grace period of %g s is over: exiting without a final checkpoint", self.grace_seconds)
         os._exit(128 + signum)
+
+    def grace_left(self) -> float:
+        """Seconds left of the grace period since the signal (all of it before one)."""
+        return self.grace_seconds - (time.monotonic() - self._since if self._since is not None else 0.0)
 
     def check(self) -> None:
         if self.signum is not None:

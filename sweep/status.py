@@ -9,7 +9,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep import retention
-from sweep.checkpoints import newest_mtime
+from sweep.checkpoints import newest_mtime, newest_step
 from sweep.continuation import companions
 from sweep.config import sign
 from sweep.ledger import LEDGER_ATTR, study_total, summary_line
@@ -26,6 +26,10 @@ def collect(session: Session) -> dict[str, Any]:
     removed = retention.removed(session)
     entries = [_entry(t, live, direction, folders[t.number], config.study.objective.metric,
                       removed.get(t.number)) for t in trials]
+    if session.remote is not None:  # the newest step each trial has in the bucket (one listing)
+        remote = _remote_steps(session)
+        for entry in entries:
+            entry["remote_step"] = remote.get(f"trial_{entry['number']:04d}") if remote is not None else None
     return {
         "study": config.name,
         "storage": config.storage,
@@ -38,6 +42,13 @@ def collect(session: Session) -> dict[str, Any]:
         # steps -> companion study of the trials `continue` trained that far (status --continued STEPS)
         "continued": {str(k): v for k, v in sorted(companions(session).items())},
     }
+
+
+def _remote_steps(session: Session) -> dict[str, int] | None:
+    try:
+        return session.remote.newest_steps()
+    except Exception:  # noqa: BLE001 - status reads: an unreachable bucket is shown, not fatal
+        return None
 
 
 def _state(t: FrozenTrial, live: set[int]) -> str:
@@ -81,8 +92,9 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     # The other metrics at the best step (the objective's column is best_value).
     extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
+    remote = any("remote_step" in t for t in status["trials"])
     head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
-            "ckpt_age"]
+            "ckpt_age", *(["remote"] if remote else [])]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
@@ -92,7 +104,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
-                     "removed" if t.get("checkpoints_removed") else _age(now - mtime) if mtime else "-"])
+                     "removed" if t.get("checkpoints_removed") else _age(now - mtime) if mtime else "-",
+                     *([_remote_cell(t)] if remote else [])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if highlight and best is not None:
@@ -105,6 +118,15 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     for steps, name in (status.get("continued") or {}).items():
         lines.append(f"continued to {steps} steps: study {name} (status --continued {steps})")
     return "\n".join(lines)
+
+
+def _remote_cell(t: dict[str, Any]) -> str:
+    """The newest step in the bucket; "local only" where a newer one is only on this disk."""
+    local = newest_step(t["checkpoint_dir"]) if t["checkpoint_dir"] else None
+    remote = t.get("remote_step")
+    if local is not None and (remote is None or local > remote):
+        return f"{_fmt(remote)} (step {local} local only)"
+    return _fmt(remote)
 
 
 def _lost(ledger: dict[str, float] | None) -> str:

@@ -1,0 +1,170 @@
+"""Checkpoints on S3-compatible storage (sweep/remote.py) against a real S3 server on localhost
+(moto's server mode, started by the test): uploads with a commit marker last, a kill mid-upload,
+resume and takeover from the bucket by a host with an empty disk, export reading only the bucket."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+from sweep import config as config_lib
+from sweep import integrity
+from sweep.remote import RemoteTier
+from test_scheduler import checkpoint_dir, here, make_study, run, saved_steps, snapshot  # noqa: F401 (here)
+
+BUCKET = "sweep-test"
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """An S3-compatible server on a free localhost port, with the standard environment pointing at it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        yield env["AWS_ENDPOINT_URL"]
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def bucket_prefix(s3_server: str, request: pytest.FixtureRequest) -> str:
+    return f"s3://{BUCKET}/{request.node.name[:40]}"
+
+
+def objects(prefix: str) -> list[str]:
+    import boto3
+
+    bucket, _, key = prefix[len("s3://"):].partition("/")
+    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def test_remote_tier_mirrors_the_kept_steps_and_a_kill_mid_upload_leaves_no_step(here, bucket_prefix):
+    study = make_study(here, n_trials=1, checkpoint={"every_steps": 10, "keep_last": 2, "max_write_share": None,
+                                                      "remote": bucket_prefix})
+    run(study)
+    folder = checkpoint_dir(study, 0)
+    tier = RemoteTier(bucket_prefix, "sched")
+    assert tier.steps("trial_0000") == saved_steps(folder)  # retention on both tiers
+    # A kill mid-upload: the files of a step but no marker. No reader takes it; the next prune
+    # (after the next upload) removes it.
+    tier.client.put_object(Bucket=BUCKET, Key=f"{tier.root}/checkpoints/trial_0000/25/default/x", Body=b"half")
+    assert 25 not in tier.steps("trial_0000")
+    # A host with an empty disk gets every committed step back, checksums included.
+    other = here / "elsewhere" / "trial_0000"
+    other.mkdir(parents=True)
+    assert tier.fetch_missing(other, "trial 0") == saved_steps(folder)
+    for step in saved_steps(folder):
+        assert integrity.read_checksum(other, step) == integrity.read_checksum(folder, step)
+        local = sorted(p.relative_to(folder / str(step)) for p in (folder / str(step)).rglob("*") if p.is_file())
+        assert sorted(p.relative_to(other / str(step)) for p in (other / str(step)).rglob("*") if p.is_file()) == local
+    tier.prune(folder)
+    assert not [k for k in objects(bucket_prefix) if "/trial_0000/25/" in k]
+
+
+def test_a_signal_save_is_uploaded_within_the_grace_period_and_status_shows_local_only_steps(here, bucket_prefix):
+    from sweep import status
+    from sweep.session import Session
+    from test_scheduler import run_interrupted
+
+    study = make_study(here, n_trials=1, checkpoint={"every_steps": 20, "keep_last": 2, "remote": bucket_prefix})
+    run_interrupted(study, 0, 30)
+    tier = RemoteTier(bucket_prefix, "sched")
+    assert 30 in tier.steps("trial_0000")  # the signal's save, in the bucket before the exit
+    # A step whose upload never finished (its marker missing) is shown as local only.
+    tier.client.delete_object(Bucket=BUCKET, Key=f"{tier.root}/commits/trial_0000/30")
+    session = Session(config_lib.from_dict(study)).open(create=False)
+    try:
+        report = status.collect(session)
+    finally:
+        session.close()
+    assert report["trials"][0]["remote_step"] == 20
+    assert "20 (step 30 local only)" in status.table(report)
+    run(study)  # the resume uploads what the bucket lacks
+    assert tier.steps("trial_0000") == saved_steps(checkpoint_dir(study, 0))
+
+
+def test_remote_must_be_an_s3_url(here):
+    study = make_study(here, checkpoint={"remote": "gs://bucket/x"})
+    with pytest.raises(config_lib.ConfigError, match=r"checkpoint.remote: must be s3://bucket/prefix .* "
+                                                     r"got 'gs://bucket/x'"):
+        config_lib.from_dict(study, origin="s.yaml")
+
+
+@pytest.mark.slow
+def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, bucket_prefix):
+    """Host a is killed mid-trial (right after a save, its upload under way) and its disk is wiped;
+    host b, with its own empty workdir, takes the trial over from the bucket after the lease grace;
+    the study equals an uninterrupted one; a third folder exports reading only the bucket."""
+    from conftest import BASE_STUDY, Running, kill9, merge, run_cli, wait_for_checkpoint
+    from conftest import snapshot as cli_snapshot
+
+    # Random sampling: host b asks trial 2 while trial 1 is still host a's (until the lease grace).
+    settings = dict(n_trials=3, pruner={"type": "none"}, sampler={"type": "random", "seed": 3}, train={"steps": 4000, "eval_every": 100},
+                    parallel={"lease_grace_seconds": 3}, checkpoint={"every_steps": 1000})
+    shared = tmp_path / "shared"
+    shared.mkdir()
+
+    def study_file(host: str) -> Path:
+        data = merge(merge(BASE_STUDY, settings), {"storage": f"sqlite:///{shared / 'study.db'}",
+                                  "workdir": str(tmp_path / host / "runs"),
+                                  "checkpoint": {"remote": bucket_prefix}})
+        path = tmp_path / host / "study.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    a, b, c = study_file("a"), study_file("b"), study_file("c")
+    env_a = {**os.environ, "SWEEP_HOST": "host-a"}
+    proc = Running("run", a, cwd=a.parent, env=env_a)
+    proc.wait_for(r"trial 1: started")
+    tier = RemoteTier(bucket_prefix, "t")
+    deadline = time.monotonic() + 300
+    while 1000 not in tier.steps("trial_0001") and time.monotonic() < deadline:  # step 1000 is in the bucket
+        time.sleep(0.01)
+    wait_for_checkpoint(tmp_path / "a" / "runs" / "checkpoints" / "trial_0001", 2000)
+    kill9(proc)  # step 2000 is committed locally, its upload under way
+    shutil.rmtree(tmp_path / "a")  # the machine is gone with its disk
+
+    again = Running("run", b, cwd=b.parent, env={**os.environ, "SWEEP_HOST": "host-b"})
+    assert again.finish() == 0, again.stderr
+    assert "trial 1: fetched step(s)" in again.stderr, again.stderr
+    assert cli_snapshot(b) == reference(**settings)
+
+    out = tmp_path / "c-export"
+    exported = run_cli("export", c, "--out", str(out), cwd=c.parent)
+    assert exported.returncode == 0, exported.stderr
+    assert not (tmp_path / "c" / "runs" / "checkpoints").exists()  # nothing local: the bucket only
+    index = json.loads((out / "index.json").read_text())
+    assert sorted(e["number"] for e in index["trials"]) == [0, 1, 2]
+    ref_out = tmp_path / "b-export"
+    assert run_cli("export", b, "--out", str(ref_out), cwd=b.parent).returncode == 0
+    for n in range(3):
+        name = f"trial_{n:04d}/params.safetensors"
+        assert (out / name).read_bytes() == (ref_out / name).read_bytes()
+    shown = json.loads(run_cli("status", b, "--json", cwd=b.parent).stdout)
+    assert [t["remote_step"] for t in shown["trials"]] == [4000, 4000, 4000]
