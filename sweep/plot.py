@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -37,10 +37,21 @@ def plot(session: Session, out: Path) -> list[Path]:
         raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
     written = _study_figures(study, out)
+    remote = _remote_steps(session)
     for t in sorted(trials, key=lambda t: t.number):
         if t.intermediate_values:
-            written += _learning_curve(config, t, out / "curves")
+            written += _learning_curve(config, t, out / "curves", remote.get(f"trial_{t.number:04d}", []))
     return written
+
+
+def _remote_steps(session: Session) -> dict[str, list[int]]:
+    """trial folder name -> its committed steps in the bucket of checkpoint.remote ({} without one)."""
+    if session.remote is None:
+        return {}
+    try:
+        return session.remote.all_steps()
+    except Exception:  # noqa: BLE001 - the curves are drawn without the bucket's markers
+        return {}
 
 
 def _study_figures(study: optuna.Study, out: Path) -> list[Path]:
@@ -104,15 +115,16 @@ def _save_png(fig: Any, path: Path) -> Path:
     return path
 
 
-def markers(config: Config, t: FrozenTrial) -> dict[str, list[int]]:
-    """Steps to mark on a trial's curve: kept checkpoints, the best step, the steps runs resumed from."""
+def markers(config: Config, t: FrozenTrial, remote: Sequence[int] = ()) -> dict[str, list[int]]:
+    """Steps to mark on a trial's curve: kept checkpoints (here or in the bucket: `remote`), the best
+    step, the steps runs resumed from."""
     reports = t.intermediate_values
     best = t.user_attrs.get("best_step")
     if best is None:
         best = (best_of_reports(reports, config.study.objective.direction) or (None, None))[0]
     ckpt_dir = checkpoint_folder(config, t)
     return {
-        "checkpoint": [s for s in kept_steps(ckpt_dir) if s in reports] if ckpt_dir else [],
+        "checkpoint": sorted(s for s in {*(kept_steps(ckpt_dir) if ckpt_dir else []), *remote} if s in reports),
         "best": [best] if best is not None else [],
         # At the exact step a run resumed from, an evaluation step or not (its y is interpolated).
         "resumed": sorted({int(s) for s in t.user_attrs.get("resumed_from", [])}) if reports else [],
@@ -129,7 +141,7 @@ def value_at(t: FrozenTrial, step: int) -> float:
     return float(np.interp(step, steps, [t.intermediate_values[s] for s in steps]))
 
 
-def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
+def _learning_curve(config: Config, t: FrozenTrial, out: Path, remote: Sequence[int]) -> list[Path]:
     import matplotlib.pyplot as plt
     import plotly.graph_objects as go
 
@@ -137,7 +149,7 @@ def _learning_curve(config: Config, t: FrozenTrial, out: Path) -> list[Path]:
     metric = config.study.objective.metric
     steps = sorted(t.intermediate_values)
     values = [t.intermediate_values[s] for s in steps]
-    marks = markers(config, t)
+    marks = markers(config, t, remote)
     title = f"trial {t.number} ({t.state.name.lower()}): {metric} per step"
     styles = {"checkpoint": ("s", "tab:green", "kept checkpoint"), "best": ("*", "tab:red", "best step"),
               "resumed": ("v", "tab:purple", "resumed from")}

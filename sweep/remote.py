@@ -82,15 +82,19 @@ class RemoteTier:
         prefix = f"{self.root}/commits/{trial}/"
         return sorted(int(o["Key"][len(prefix):]) for o in self._list(prefix) if o["Key"][len(prefix):].isdigit())
 
-    def newest_steps(self) -> dict[str, int]:
-        """trial folder name -> its newest committed step, for every trial of the study (one listing)."""
+    def all_steps(self) -> dict[str, list[int]]:
+        """trial folder name -> its committed steps, ascending, for every trial of the study (one listing)."""
         prefix = f"{self.root}/commits/"
-        newest: dict[str, int] = {}
+        found: dict[str, list[int]] = {}
         for o in self._list(prefix):
             trial, _, step = o["Key"][len(prefix):].partition("/")
             if step.isdigit():
-                newest[trial] = max(newest.get(trial, -1), int(step))
-        return newest
+                found.setdefault(trial, []).append(int(step))
+        return {trial: sorted(steps) for trial, steps in found.items()}
+
+    def newest_steps(self) -> dict[str, int]:
+        """trial folder name -> its newest committed step, for every trial of the study (one listing)."""
+        return {trial: steps[-1] for trial, steps in self.all_steps().items()}
 
     # --- upload --------------------------------------------------------------------------------
 

@@ -168,3 +168,12 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
         assert (out / name).read_bytes() == (ref_out / name).read_bytes()
     shown = json.loads(run_cli("status", b, "--json", cwd=b.parent).stdout)
     assert [t["remote_step"] for t in shown["trials"]] == [4000, 4000, 4000]
+    # plot from the third folder marks the checkpoints the bucket keeps
+    from sweep import api
+    from sweep.plot import _remote_steps, markers
+
+    with api.open(c) as session:
+        session.open(create=False)
+        remote = _remote_steps(session)
+        marks = markers(session.config, session.trial(1), remote["trial_0001"])
+    assert marks["checkpoint"] == remote["trial_0001"] and 4000 in marks["checkpoint"]
