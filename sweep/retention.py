@@ -193,9 +193,10 @@ def _ranked(session: Any, finished: list[FrozenTrial]) -> list[FrozenTrial]:
     return sorted(complete, key=lambda t: (sign * t.value, t.number))
 
 
-def enforce(session: Any, needed: int = 0) -> int:
+def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
     """Apply keep_trials, then (if `max_disk` is set) make the study's checkpoints fit with
     `needed` more bytes; returns the study's checkpoint bytes after that (0 without max_disk).
+    `leftovers`: first delete what removals cut short by a kill left behind.
 
     Order (README, "A disk budget for the study"): finished trials outside the `keep_trials` best
     lose their folders; then, over `max_disk`, finished trials from the worst lose their steps other
@@ -205,7 +206,8 @@ def enforce(session: Any, needed: int = 0) -> int:
 
     config = session.config
     c = config.study.checkpoint
-    _leftovers(config.workdir / "checkpoints")
+    if leftovers:  # at the start of a run (a scan of every trial folder)
+        _leftovers(config.workdir / "checkpoints")
     if c.keep_trials is None and c.max_disk is None:
         return 0
     finished = session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))

@@ -45,7 +45,7 @@ def run(session: Session, stop: StopSignal) -> None:
     session.use_compilation_cache()
     config, claims = session.config, session.claims
     _log_start(session)
-    retention.enforce(session)  # a changed budget, or a removal a kill cut short
+    retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()
     try:

@@ -1,0 +1,128 @@
+"""Issue 17: what the remote tier (checkpoint.remote) costs training, and its upload throughput.
+
+Against $AWS_ENDPOINT_URL if set; else moto's S3 server, started here as a separate process on
+localhost (on this 2-core machine it shares the cores with training: a pessimistic setting).
+In ABBA order, `--rounds` times:
+
+1. blocking: a trial of the large-state study (benchmarks/large_state.yaml: ~100 MB of params and
+   Adam state, every_steps saves) trained by the runner, remote on vs off; the training thread's
+   wall time (the uploads run in the background and are waited for outside the timing).
+   Target: on/off <= 1.05.
+2. upload throughput: one committed step of that trial uploaded by the remote tier (its files,
+   its checksum, the commit marker) vs boto3's own `upload_file` of the same files with the same
+   client. Reported as MB/s and their ratio.
+
+    .venv/bin/python benchmarks/remote.py [--rounds 4] [--steps 60] [--every 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+
+from sweep import runner
+from sweep.remote import RemoteTier
+from sweep.signals import StopSignal
+from sweep.state import trial_checkpoints
+
+BUCKET = "sweep-bench"
+
+
+class _Null:
+    def report(self, value: float, step: int) -> None:
+        pass
+
+    def should_prune(self) -> bool:
+        return False
+
+
+def _server() -> subprocess.Popen | None:
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
+                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("moto server did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--every", type=int, default=20)
+    args = ap.parse_args()
+    harness.quiet()
+    server = _server()
+    root = Path(tempfile.mkdtemp(prefix="sweep-remote-"))
+    try:
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        config = harness.example(root, "benchmarks/large_state.yaml", train={"steps": args.steps,
+                                 "eval_every": args.steps}, checkpoint={"every_steps": args.every,
+                                                                        "every_seconds": None, "max_write_share": None})
+        tier = RemoteTier(f"s3://{BUCKET}/bench", config.name)
+        hp = config.hyperparameters({"learning_rate": 1e-3})
+        counter = iter(range(10**6))
+
+        def trained(remote: bool) -> float:
+            folder = root / f"trial_{next(counter):04d}"
+            ckpt = trial_checkpoints(config, 0, folder, on_commit=(lambda s: tier.upload(folder, s)) if remote else None)
+            try:
+                t = harness.timed(lambda: runner.run_trial(config, 0, hp, _Null(), {}, ckpt, StopSignal()))
+                ckpt.wait()
+            finally:
+                ckpt.close()
+            tier.wait()  # outside the timing: the next round starts with an idle uploader
+            return t
+
+        trained(False)  # compile
+        times = harness.alternate({"remote on": lambda r: trained(True), "remote off": lambda r: trained(False)},
+                                  args.rounds)
+        ratio = harness.report(f"training thread, {args.steps} steps, a save every {args.every}", "remote on",
+                               "remote off", times, "<= 1.05")
+        print(f"  {'met' if ratio <= 1.05 else 'NOT met'}")
+
+        folder = root / "trial_0000"
+        step = max(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+        files = [p for p in (folder / str(step)).rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        plain_counter = iter(range(10**6))
+
+        def plain(r: int) -> float:
+            prefix = f"plain/{next(plain_counter)}/"
+            return harness.timed(lambda: [tier.client.upload_file(str(p), BUCKET, prefix + p.name) for p in files])
+
+        upload = harness.alternate({"sweep": lambda r: harness.timed(lambda: tier._upload(folder, step, None)),
+                                    "boto3": plain}, args.rounds)
+        ratio = harness.report(f"upload of one step ({size / 1e6:.1f} MB, {len(files)} files)", "sweep", "boto3",
+                               upload, "none (throughput)")
+        for side in ("sweep", "boto3"):
+            print(f"  {side}: {size / 1e6 / sorted(upload[side])[len(upload[side]) // 2]:.0f} MB/s")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if server is not None:
+            server.terminate()
+
+
+if __name__ == "__main__":
+    main()
