@@ -104,10 +104,12 @@ class BestState:
         return jax.tree.map(np.asarray, self.kind.variables(self.state["params"], self.state.get("model_state", {})))
 
 
-def best_state(config: Config, trial: FrozenTrial, removed: str | None = None) -> BestState:
+def best_state(config: Config, trial: FrozenTrial, removed: str | None = None, remote: Any = None) -> BestState:
     """The trial's best checkpoint, checksum-verified, held against removal while it is read.
 
     Read-only: a damaged step is an error here; quarantine and fallback are for resuming.
+
+    `remote`: the study's remote tier (`Session.remote`), read where the local folder lacks the step.
 
     Raises:
         CheckpointsRemoved: the study's disk budget removed them (`removed` says why).
@@ -123,7 +125,6 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None) -
     # The template from the data's recorded shapes: an export or `load_best` needs no training data.
     fresh = initial_state(config, trial.number, config.hyperparameters(trial.params), abstract=True,
                           data_shapes=trial.user_attrs.get(DATA_SHAPES_ATTR))
-    remote = _remote(config)
     if remote is not None and removed is None and step not in kept_steps(directory):
         # Not here (another host's study, a new machine): read it from the bucket, via a temp folder.
         with tempfile.TemporaryDirectory(prefix="sweep-remote-") as tmp:
@@ -136,15 +137,6 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None) -
             return _restore(config, trial, local, step, value, fresh)
     with reading(Path(directory), trial.number, removed):
         return _restore(config, trial, Path(directory), step, value, fresh)
-
-
-def _remote(config: Config) -> Any:
-    url = config.study.checkpoint.remote
-    if url is None:
-        return None
-    from sweep.remote import RemoteTier
-
-    return RemoteTier(url, config.name)
 
 
 def _restore(config: Config, trial: FrozenTrial, directory: Path, step: int, value: float, fresh: Any) -> BestState:
@@ -187,7 +179,7 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
     from sweep.protocol import trial_data
     from sweep.state import run_hyperparameters
 
-    restored = best_state(config, best)
+    restored = best_state(config, best, remote=session.remote)
     hp = run_hyperparameters(config, config.hyperparameters(best.params))
     metrics = _jitted("test", config, hp, restored.kind)(restored.state["params"],
                                                            restored.state.get("model_state", {}),
@@ -241,7 +233,7 @@ def load_trial(session: Session, trial: int | None = None) -> LoadedTrial:
 
     config = session.open(create=False).config
     frozen = _pick(session, trial)
-    restored = best_state(config, frozen)
+    restored = best_state(config, frozen, remote=session.remote)
     hp = config.hyperparameters(frozen.params)
     state = restored.state
     model = restored.kind.model(config.trial_module, run_hyperparameters(config, hp), state["params"],

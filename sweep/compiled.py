@@ -161,11 +161,11 @@ class FunctionCache:
     used first; `retain` drops the programs of hyperparameters a study can no longer sample.
 
     A study of many shapes must not keep every executable alive (RSS grew to 1.65 GB holding 8
-    pairs of a small LM's programs). Also remembers which (module, function, traced names) cannot
+    pairs of a small LM's programs). 16 entries: 8 shapes' training programs and their inits. Also remembers which (module, function, traced names) cannot
     be traced. Thread-safe: a threaded Dask worker runs several trials in one process.
     """
 
-    def __init__(self, max_entries: int = 8, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_entries: int = 16, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._entries: collections.OrderedDict[tuple[Any, ...], _Entry] = collections.OrderedDict()
         self._untraceable: set[tuple[Any, ...]] = set()
@@ -175,11 +175,12 @@ class FunctionCache:
     def _module_key(module: Any) -> tuple[str, int]:
         return module.__name__, id(module)  # a reloaded module with the same name is another module
 
-    def _lookup(self, key: tuple[Any, ...], module: Any, static: dict[str, Any], build: Callable[[], Any]) -> Any:
+    def _lookup(self, key: tuple[Any, ...], module: Any, static: dict[str, Any], build: Callable[[], Any],
+                fallback: int = 0) -> Any:
         try:
             hash(key)
-        except TypeError:  # an NNX module with an unhashable static attribute: no sharing
-            key = (*key[:-1], id(key[-1]))
+        except TypeError:  # an NNX module with an unhashable static attribute: shared by its kind only
+            key = (*key[:-1], fallback)
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
@@ -203,7 +204,7 @@ class FunctionCache:
         kind = kind or PlainKind()
         static = {k: v for k, v in hp.items() if k not in traced}
         key = ("trial", *self._module_key(module), repr(sorted(static.items())), traced, devices, kind.static_key())
-        return self._lookup(key, module, static, lambda: _build(module, kind, static, devices))
+        return self._lookup(key, module, static, lambda: _build(module, kind, static, devices), fallback=id(kind))
 
     def init(self, module: Any, static: Mapping[str, Any], traced: tuple[str, ...], layout: tuple[Any, ...],
              build: Callable[[], Any]) -> Any:

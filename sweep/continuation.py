@@ -188,6 +188,10 @@ def start(config: Config, steps: int, top: int | None, numbers: list[int] | None
     source = Session(config)
     if not source.open_existing():
         raise StudyNotFound(f"study {config.name!r} not found in {config.storage}: run it first")
+    if _reads_total_steps(config.trial_module):
+        log.warning("%s reads hp['train.steps'] (a schedule over the whole run?): trials continued to %d steps "
+                    "follow it from there, so they are not what training %d steps from the start gives",
+                    config.trial_module.__name__, steps, steps)
     try:
         chosen = choose(source, steps, top, numbers)
         earlier = _continued(config, steps, source)
@@ -198,6 +202,16 @@ def start(config: Config, steps: int, top: int | None, numbers: list[int] | None
         by_number.setdefault(t.number, t)
     ordered = sorted(by_number.values(), key=lambda t: (t.number not in {c.number for c in earlier}, t.number))
     return ContinuingSession(companion_config(config, steps, n_trials=len(ordered)), config, ordered)
+
+
+def _reads_total_steps(module: object) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(module)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+    return "train.steps" in source
 
 
 def _continued(config: Config, steps: int, source: Session) -> list[FrozenTrial]:
@@ -216,8 +230,8 @@ def companions(session: Session) -> dict[int, str]:
     """steps -> the name of each companion study of the session's study in its storage."""
     prefix = f"{session.config.name}.continued-"
     found = {}
-    for summary in optuna.get_all_study_summaries(session.storage, include_best_trial=False):
-        rest = summary.study_name[len(prefix):]
-        if summary.study_name.startswith(prefix) and rest.isdigit():
-            found[int(rest)] = summary.study_name
+    for study in session.storage.get_all_studies():  # names only; no trial is loaded
+        rest = study.study_name[len(prefix):]
+        if study.study_name.startswith(prefix) and rest.isdigit():
+            found[int(rest)] = study.study_name
     return found

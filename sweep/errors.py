@@ -55,3 +55,7 @@ class DiskFault(SweepError):
 class TakenOver(SweepError):
     """This worker lost its trial: it was unresponsive (frozen, cut off) past the lease grace and
     another worker took the trial over. The worker leaves it alone, writing nothing more for it."""
+
+
+class RemoteFault(DiskFault):
+    """The remote tier (checkpoint.remote) cannot be read: exit 1, the trial stays resumable."""

@@ -99,7 +99,7 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for t in trials:
-        restored = best_state(config, t)
+        restored = best_state(config, t, remote=session.remote)
         step, value = restored.step, restored.value
         variables = restored.variables()
         params = variables.pop("params")

@@ -108,6 +108,13 @@ class RemoteTier:
         self._queue.put((folder, step, fence))
 
     def _work(self) -> None:
+        # Uploads must not take the cores from training (the upload client hashes and copies every
+        # byte): this thread, and the transfer threads boto3 starts from it, run at a lower priority
+        # (Linux: a thread's nice value; inherited by the threads it creates).
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (OSError, AttributeError):
+            pass
         while True:
             item = self._queue.get()
             try:
@@ -130,6 +137,8 @@ class RemoteTier:
         for attempt in range(UPLOAD_ATTEMPTS):
             try:
                 self._upload(folder, step, fence)
+                if fence is not None:
+                    fence()  # a worker that lost its trial removes nothing of the new owner's
                 self.prune(folder)
                 return
             except TakenOver:
@@ -158,19 +167,27 @@ class RemoteTier:
         self.client.put_object(Bucket=self.bucket, Key=self._marker(folder.name, step),
                                Body=json.dumps(manifest).encode())
 
-    def prune(self, folder: Path) -> None:
+    def prune(self, folder: Path, everything: bool = False) -> None:
         """Remove from the bucket the steps of `folder`'s trial that its local folder no longer
         keeps (marker first: from then on no reader takes the step), and leftovers of uploads a
-        kill cut short. Steps the local folder keeps are left, uploaded or not."""
+        kill cut short. Steps the local folder keeps are left, uploaded or not, and so are steps
+        newer than its newest (another host's, which this folder never saw). `everything`: the
+        trial's checkpoints were removed (checkpoint.keep_trials): all of them go."""
         kept = {int(e.name) for e in os.scandir(folder) if e.is_dir() and e.name.isdigit()} if folder.exists() else set()
+        newest = max(kept, default=-1)
+
+        def doomed(step: int) -> bool:
+            return everything or (step not in kept and step < newest)
+
         trial = folder.name
         for step in self.steps(trial):
-            if step not in kept:
+            if doomed(step):
                 self.client.delete_object(Bucket=self.bucket, Key=self._marker(trial, step))
         prefix = f"{self.root}/checkpoints/{trial}/"
+        marked = set(self.steps(trial))
         for entry in self._list(prefix, delimiter="/"):
             name = entry.get("Prefix", "")[len(prefix):].strip("/")
-            if name.isdigit() and int(name) not in kept:
+            if name.isdigit() and doomed(int(name)) and (everything or int(name) not in marked):
                 self._delete_prefix(entry["Prefix"])
                 self.client.delete_object(Bucket=self.bucket, Key=self._sums(trial, int(name)))
 
@@ -178,6 +195,11 @@ class RemoteTier:
         keys = [{"Key": o["Key"]} for o in self._list(prefix)]
         for i in range(0, len(keys), 1000):
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i:i + 1000]})
+
+    def close(self) -> None:
+        """Stop the uploader thread once the uploads queued so far are done."""
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every queued upload is done (True) or `timeout` seconds passed (False)."""
@@ -215,7 +237,14 @@ class RemoteTier:
 
     def fetch_missing(self, folder: Path, label: str) -> list[int]:
         """Download the committed steps of `folder`'s trial that the local folder lacks; the steps
-        fetched. Where the bucket cannot be read, the local steps are all there is (a warning)."""
+        fetched.
+
+        Raises:
+            RemoteFault: the bucket cannot be read (resuming from older local steps, or from
+                scratch, would lose work the bucket holds): a fault of the machine, not the trial's.
+        """
+        from sweep.errors import RemoteFault
+
         try:
             local = {int(e.name) for e in os.scandir(folder) if e.name.isdigit()} if folder.exists() else set()
             missing = [s for s in self.steps(folder.name) if s not in local]
@@ -226,10 +255,10 @@ class RemoteTier:
             if missing:
                 log.info("%s: fetched step(s) %s from %s", label, ", ".join(map(str, missing)), self.url)
             return missing
-        except Exception as exc:  # noqa: BLE001 - the network: resume from what is local
-            log.warning("%s: cannot read its checkpoints in %s (%s: %s); resuming from the local ones", label,
-                        self.url, type(exc).__name__, exc)
-            return []
+        except Exception as exc:  # noqa: BLE001 - the network, the endpoint, credentials
+            raise RemoteFault(f"{label}: cannot read its checkpoints in {self.url} ({type(exc).__name__}: {exc}); "
+                              "its local steps are intact and it stays resumable: fix the bucket's address or "
+                              "credentials (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID ...) and run the same command") from None
 
     def upload_missing(self, folder: Path, fence: Callable[[], None] | None = None) -> None:
         """Queue the local committed steps the bucket lacks (an upload a kill or an outage cut short)."""

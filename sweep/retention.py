@@ -90,7 +90,7 @@ def study_bytes(session: Any) -> int:
 def removed(session: Any) -> dict[int, str]:
     """number -> why its checkpoints were removed, for every trial whose were."""
     attrs = session.storage.get_study_user_attrs(session.study_id)
-    return {int(k[len(REMOVED_ATTR):]): v for k, v in attrs.items() if k.startswith(REMOVED_ATTR)}
+    return {int(k[len(REMOVED_ATTR):]): v for k, v in attrs.items() if k.startswith(REMOVED_ATTR) and v}
 
 
 def _remove_tree(path: Path) -> int:
@@ -119,31 +119,35 @@ def _exclusive(folder: Path) -> Iterator[bool]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            yield False
-            return
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                yield False
+                return
+            # NFS emulates flock with POSIX locks, whose exclusive lock needs a writable file (EBADF
+            # on a folder); ENOLCK where no lock manager runs. Removal goes on unlocked there.
+            log.debug("no lock on %s (%s): removing without it", folder, exc)
         yield True
     finally:
         os.close(fd)
 
 
 def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
-    """Remove trial `t`'s checkpoints (recorded first); bytes freed, 0 if it is being read."""
-    if not folder.exists():
-        return 0
-    session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
-    with _exclusive(folder) as mine:
-        if not mine:
-            log.info("trial %d: its checkpoints are being read; removed on a later pass", t.number)
-            return 0
-        freed = _remove_tree(folder)
-    for suffix in SIBLINGS[1:]:
+    """Remove trial `t`'s checkpoints (the reason recorded first, under the folder's exclusive lock);
+    bytes freed, 0 if a reader holds the folder (a later pass takes it)."""
+    freed = 0
+    if folder.exists():
+        with _exclusive(folder) as mine:
+            if not mine:
+                log.info("trial %d: its checkpoints are being read; removed on a later pass", t.number)
+                return 0
+            session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
+            freed = _remove_tree(folder)
+    for suffix in SIBLINGS[1:]:  # also when a kill came after the folder went
         freed += _remove_tree(folder.with_name(folder.name + suffix))
-    if session.remote is not None:  # the bucket follows the local folder (marker first)
+    if session.remote is not None:  # the bucket follows the local folder (markers first)
         with contextlib.suppress(Exception):
-            session.remote.prune(folder)
-    log.info("trial %d: checkpoints removed (%s), %s freed", t.number, why, _size(freed))
+            session.remote.prune(folder, everything=True)
+    if freed:
+        log.info("trial %d: checkpoints removed (%s), %s freed", t.number, why, _size(freed))
     return freed
 
 
@@ -170,8 +174,8 @@ def remove_steps(session: Any, t: FrozenTrial, folder: Path, keep: set[int]) -> 
 
 
 def _leftovers(root: Path) -> None:
-    """Delete what a removal cut short by a kill left: dot-folders in the study's checkpoint root
-    and in its trial folders."""
+    """Delete what a kill left of a removal, a download from the bucket or a copy for `continue`:
+    dot-folders in the study's checkpoint root and in its trial folders."""
     try:
         entries = list(os.scandir(root))
     except FileNotFoundError:
@@ -182,7 +186,7 @@ def _leftovers(root: Path) -> None:
         elif entry.is_dir() and not entry.name.startswith("."):
             with contextlib.suppress(OSError):
                 for inner in os.scandir(entry.path):
-                    if inner.name.endswith(_DOOMED):
+                    if inner.name.endswith((_DOOMED, ".downloading", ".copying")):
                         shutil.rmtree(inner.path, ignore_errors=True)
 
 
@@ -215,15 +219,25 @@ def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
     folders = {t.number: checkpoint_folder(config, t) for t in finished}
     if c.keep_trials is not None:
         kept = {t.number for t in ranked[: c.keep_trials]}
+        gone = removed(session)
         for t in finished:
-            if t.number not in kept and folders[t.number] is not None:
+            folder = folders[t.number]
+            if folder is None:
+                continue
+            if t.number in kept and t.number in gone and folder.exists():
+                # Recorded by a removal a kill cut short before the rename, and back in the top K
+                # (keep_trials raised): its checkpoints are whole, so it keeps them.
+                session.set_study_attr(f"{REMOVED_ATTR}{t.number}", None)
+            elif t.number not in kept and (folder.exists() or t.number not in gone
+                                           or folder.with_name(folder.name + ".sums").exists()):
                 why = (f"keep_trials {c.keep_trials}: not among the {c.keep_trials} best COMPLETE trials"
                        if t.state == TrialState.COMPLETE else f"keep_trials {c.keep_trials}: {t.state.name}")
-                remove_trial(session, t, folders[t.number], why)
+                remove_trial(session, t, folder, why)
     if c.max_disk is None:
         return 0
     used = study_bytes(session)
-    worst_first = [t for t in reversed(ranked)] + [t for t in finished if t not in ranked]
+    # Trials without a value (PRUNED, FAIL) first, then COMPLETE ones from the worst.
+    worst_first = [t for t in finished if t not in ranked] + list(reversed(ranked))
     for t in worst_first:
         if used + needed <= c.max_disk:
             break
@@ -244,7 +258,12 @@ def make_room(session: Any, number: int, step: int, needed: int, folder: Path) -
         return
     newest = newest_step(folder)
     needed = folder_bytes(folder / str(newest)) if newest is not None else needed + FIRST_STEP_OVERHEAD_BYTES
-    used = enforce(session, needed)
+    try:
+        used = enforce(session, needed)
+    except Exception as exc:  # noqa: BLE001 - removing other trials' steps failed: not this trial's fault
+        raise DiskFault(f"trial {number}: cannot make room under checkpoint.max_disk for its checkpoint of step "
+                        f"{step} in {folder} ({type(exc).__name__}: {exc}); its committed steps are intact and it "
+                        "stays resumable: run the same command") from None
     if used + needed > cap:
         raise DiskFault(
             f"trial {number}: cannot write its checkpoint of step {step} to {folder}: checkpoint.max_disk "

@@ -152,11 +152,13 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
             session.study.tell(trial, outcome.best_value, skip_if_finished=True)
         else:
             session.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+        session.finished_here.add(claimed.number)
         if outcome is not None:
             log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
                      config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
-        retention.enforce(session)  # a finished trial may push another out of the study's budget
-        _forget_taken_grid_points(session)
+        if session.remote is not None:  # an upload an outage made give up: this trial runs here no more
+            session.remote.upload_missing(Path(ckpt_dir), session.upload_fence(claimed.number))
+        _after_finish(session)
     except TakenOver as exc:
         log.warning("%s", exc)  # the study goes on; the trial is the other worker's now
     finally:
@@ -197,9 +199,11 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         def write_ledger(total: dict[str, float]) -> None:
             try:
                 fence()
+                trial.set_user_attr(LEDGER_ATTR, total)
             except TakenOver:
                 return
-            trial.set_user_attr(LEDGER_ATTR, total)
+            except Exception as exc:  # noqa: BLE001 - an account, not the trial's work: never charged
+                log.debug("trial %d: ledger not written (%s)", number, exc)
 
         try:
             outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
@@ -234,6 +238,17 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             frozen = session.trial(number)  # the failed attempt's new reports
         finally:
             ckpt.close()
+
+
+def _after_finish(session: Session) -> None:
+    """Housekeeping once a trial is finished: the study's disk budget, a grid's compiled programs.
+    Its faults are logged, never charged to a trial or the run (the next finish tries again)."""
+    try:
+        retention.enforce(session)  # a finished trial may push another out of the study's budget
+    except Exception as exc:  # noqa: BLE001 - a removal that failed (a lock, a permission, NFS)
+        log.warning("the study's disk budget could not be applied now (%s: %s); tried again after the next trial",
+                    type(exc).__name__, exc)
+    _forget_taken_grid_points(session)
 
 
 def _upload_within_grace(session: Session, number: int, folder: Path, stop: StopSignal) -> None:

@@ -33,6 +33,7 @@ from sweep.outage import Outages, retrying_storage_class
 from sweep.samplers import build_pruner, build_sampler
 
 SQLITE_TIMEOUT_S = 60
+REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # never run again
 
 
@@ -58,6 +59,9 @@ class Session:
         self._study_id: int | None = None
         self._claims: Claims | None = None
         self._remote: Any = None  # sweep.remote.RemoteTier, made on first use
+        # Trials this process told finished: their claims are released, and an upload still
+        # queued for one of them may find no holder (but not another worker's claim).
+        self.finished_here: set[int] = set()
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -96,6 +100,9 @@ class Session:
         return True
 
     def close(self) -> None:
+        if self._remote is not None:
+            self._remote.close()  # after its queued uploads (a finished run waited for them)
+            self._remote = None
         if self._storage is not None:
             self._storage.engine.dispose()
         self._storage = self._study = self._claims = None
@@ -229,6 +236,10 @@ class Session:
         code = fingerprint.code(self.config)
         if attrs.get(fingerprint.CODE_ATTR) != code:
             self.set_study_attr(fingerprint.CODE_ATTR, code)
+        if REMOTE_ROOT_ATTR not in attrs:  # the study's folder in a bucket, should it ever use one
+            import uuid
+
+            self.set_study_attr(REMOTE_ROOT_ATTR, f"{self.config.name}-{uuid.uuid4().hex[:12]}")
 
     def set_study_attr(self, key: str, value: Any) -> None:
         """Set a study user attribute that several workers may set at once: Optuna inserts the row
@@ -255,11 +266,7 @@ class Session:
         if remote is not None and not read_only:
             remote.fetch_missing(directory, f"trial {number}")  # a new host resumes from the bucket
 
-        def upload_fence() -> None:
-            # An upload may outlast the trial (its claim released when it finished): it is fenced
-            # against another worker's takeover only.
-            self.claims.check(self.claims.key(number), f"trial {number}", released_is_mine=True)
-
+        upload_fence = self.upload_fence(number)
         def uploaded(step: int) -> None:
             remote.upload(directory, step, upload_fence if fence is not None else None)
 
@@ -270,14 +277,29 @@ class Session:
             remote.upload_missing(directory, upload_fence if fence is not None else None)  # a kill kept them back
         return ckpt
 
+    def upload_fence(self, number: int) -> Callable[[], None]:
+        """The fence of trial `number`'s uploads: an upload may outlast the trial (its claim is
+        released when this process finished it), so a missing holder passes for such a trial;
+        another worker's claim never does."""
+        def fence() -> None:
+            self.claims.check(self.claims.key(number), f"trial {number}",
+                              released_is_mine=number in self.finished_here)
+
+        return fence
+
     @property
     def remote(self) -> Any:
-        """The study's remote tier (sweep.remote.RemoteTier), or None without checkpoint.remote."""
+        """The study's remote tier (sweep.remote.RemoteTier), or None without checkpoint.remote.
+
+        Its folder in the bucket is named by the study's identity (`remote_root`), not by its name
+        alone: a study deleted and created again under the same name must not find the old one's
+        checkpoints (a fresh trial 0 would resume from them)."""
         url = self.config.study.checkpoint.remote
         if url is not None and self._remote is None:
             from sweep.remote import RemoteTier
 
-            self._remote = RemoteTier(url, self.config.name)
+            root = self.storage.get_study_user_attrs(self.study_id).get(REMOTE_ROOT_ATTR, self.config.name)
+            self._remote = RemoteTier(url, root)
         return self._remote
 
     def on_step(self, number: int, step: int) -> None:

@@ -100,7 +100,7 @@ def test_continue_refuses_clearly_and_creates_nothing(here, case):
         continued(study, *args)
     assert not (Path(study["workdir"]) / f"continued-{args[0]}").exists()
     with pytest.raises(StudyNotFound, match="has no trials continued to"):
-        continuation.open_companion(config_lib.from_dict(study), 80)
+        continuation.open_companion(config_lib.from_dict(study), args[0])
 
 
 @pytest.mark.slow

@@ -46,8 +46,8 @@ def test_ledger_counts_the_steps_redone_after_a_kill_within_the_evaluation_spaci
     for entry in found.values():
         assert set(entry) == set(ledger_lib.KEYS)
         assert entry["training"] > 0 and entry["evaluating"] > 0 and entry["compiling"] >= 0
-        parts = sum(entry[k] for k in ledger_lib.PARTS)
-        assert parts == pytest.approx(entry["wall"], abs=0.01), entry  # waiting is the rest of the wall time
+        measured = sum(entry[k] for k in ledger_lib.PARTS if k != "waiting")
+        assert measured <= entry["wall"] and entry["waiting"] >= 0, entry  # parts timed apart fit the wall time
 
     session = Session(config_lib.from_dict(study))
     try:

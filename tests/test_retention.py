@@ -24,9 +24,12 @@ def opened(study: dict[str, Any]) -> Session:
     return Session(config_lib.from_dict(study)).open(create=False)
 
 
-def top(study: dict[str, Any], k: int) -> set[int]:
-    complete = [t for t in trials(study) if t.state == TrialState.COMPLETE]
-    return {t.number for t in sorted(complete, key=lambda t: (t.value, t.number))[:k]}
+def top(study: dict[str, Any], k: int, finished: set[int] | None = None) -> set[int]:
+    """The k best COMPLETE trials (of `finished` only, if given), in the study's direction."""
+    sign = 1 if study["objective"]["direction"] == "minimize" else -1
+    complete = [t for t in trials(study) if t.state == TrialState.COMPLETE
+                and (finished is None or t.number in finished)]
+    return {t.number for t in sorted(complete, key=lambda t: (sign * t.value, t.number))[:k]}
 
 
 def folders(study: dict[str, Any]) -> set[int]:
@@ -34,24 +37,27 @@ def folders(study: dict[str, Any]) -> set[int]:
     return {int(p.name[len("trial_"):]) for p in root.iterdir() if p.name.startswith("trial_") and p.name[-1].isdigit()}
 
 
-def test_keep_trials_keeps_exactly_the_k_best_finished_trials_as_they_finish(here):
-    study = make_study(here, n_trials=5, checkpoint={"every_steps": 20, "keep_last": 2, "keep_trials": 2})
-    seen = []
+@pytest.mark.parametrize("direction", ["minimize", "maximize"])
+def test_keep_trials_keeps_exactly_the_k_best_finished_trials_as_they_finish(here, direction):
+    study = make_study(here, n_trials=5, checkpoint={"every_steps": 20, "keep_last": 2, "keep_trials": 2},
+                       objective={"metric": "val_loss", "direction": direction})
+    seen = {}
 
     def on_step(number: int, step: int) -> None:
-        # As each trial starts, the folders are the running one plus the 2 best finished ones.
-        if step == 0 and number not in [n for n, _ in seen]:
-            seen.append((number, folders(study)))
-            assert folders(study) - {number} == top(study, 2), (number, folders(study), top(study, 2))
+        # As each trial starts: the folders there are (those of trials before it, all finished).
+        if step == 0 and number not in seen:
+            seen[number] = folders(study) - {number}
 
     run(study, on_step=on_step)
-    assert len(seen) == 5
+    assert sorted(seen) == list(range(5))
+    for number, present in seen.items():  # the 2 best of the trials finished before it, no more
+        assert present == top(study, 2, set(range(number))), (number, present)
     assert folders(study) == top(study, 2)
     session = opened(study)
     try:
         report = status.collect(session)
         for entry in report["trials"]:
-            if entry["number"] in top(study, 2):
+            if entry["number"] in top(study, 2):  # noqa: SIM114
                 assert entry["checkpoint_dir"] and entry["checkpoints_removed"] is None
             else:
                 assert entry["checkpoint_dir"] is None
