@@ -264,8 +264,9 @@ class TrialCheckpoints:
             self._raise_disk_fault(exc, self._writing)
             raise
         finally:
-            self.budget.record(time.monotonic() - start)
-            self.written_seconds += time.monotonic() - start
+            took = time.monotonic() - start
+            self.budget.record(took)
+            self.written_seconds += took
 
     def _raise_disk_fault(self, exc: Exception, step: int | None) -> None:
         """Raise DiskFault (one line: trial, step, folder, the errno's meaning) if `exc` is one,

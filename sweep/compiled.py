@@ -161,8 +161,9 @@ class FunctionCache:
     used first; `retain` drops the programs of hyperparameters a study can no longer sample.
 
     A study of many shapes must not keep every executable alive (RSS grew to 1.65 GB holding 8
-    pairs of a small LM's programs). 16 entries: 8 shapes' training programs and their inits. Also remembers which (module, function, traced names) cannot
-    be traced. Thread-safe: a threaded Dask worker runs several trials in one process.
+    pairs of a small LM's programs). 16 entries: 8 shapes' training programs and their inits.
+    Also remembers which (module, function, traced names) cannot be traced. Thread-safe: a
+    threaded Dask worker runs several trials in one process.
     """
 
     def __init__(self, max_entries: int = 16, max_bytes: int = DEFAULT_MAX_BYTES) -> None:

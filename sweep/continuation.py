@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -107,14 +108,10 @@ def _copy_step(source: Path, target: Path, step: int) -> None:
     first and the step folder by rename, as a save commits."""
     if (target / str(step)).exists():
         return
-    sums = integrity.sums_dir(target)
-    sums.mkdir(parents=True, exist_ok=True)
-    side = f"{step}{integrity.SIDE_SUFFIX}"
-    shutil.copy2(integrity.sums_dir(source) / side, sums / side)
-    tmp = target / f".{step}.copying"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source / str(step), tmp, copy_function=_link_or_copy)
-    os.rename(tmp, target / str(step))
+    integrity.sums_dir(target).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(integrity.checksum_file(source, step), integrity.checksum_file(target, step))
+    integrity.install_step(target, step, lambda tmp: shutil.copytree(source / str(step), tmp,
+                                                                     copy_function=_link_or_copy), "copying")
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -43,6 +43,15 @@ def sums_dir(directory: Path) -> Path:
     return directory.with_name(directory.name + ".sums")
 
 
+def checksum_file(directory: Path, step: int) -> Path:
+    """Where the checksum of step `step` of a trial folder lives."""
+    return sums_dir(directory) / f"{step}{SIDE_SUFFIX}"
+
+
+def quarantine_dir(directory: Path) -> Path:
+    return directory.with_name(directory.name + ".quarantine")
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -57,13 +66,13 @@ def write_checksum(directory: Path, step: int, digest: str) -> None:
     tmp = folder / f".{step}.tmp"
     tmp.write_text(json.dumps({"step": step, "sha256": digest}))
     _fsync(tmp)
-    os.replace(tmp, folder / f"{step}{SIDE_SUFFIX}")
+    os.replace(tmp, checksum_file(directory, step))
     _fsync(folder)
 
 
 def read_checksum(directory: Path, step: int) -> str | None:
     try:
-        return json.loads((sums_dir(directory) / f"{step}{SIDE_SUFFIX}").read_text())["sha256"]
+        return json.loads(checksum_file(directory, step).read_text())["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -75,6 +84,17 @@ def make_durable(step_dir: Path) -> None:
             _fsync(Path(root) / name)
         _fsync(Path(root))
     _fsync(step_dir.parent)
+
+
+def install_step(directory: Path, step: int, fill: Callable[[Path], None], what: str) -> None:
+    """Commit step `step` into trial folder `directory` from elsewhere (a download, a copy), as a
+    save commits: its checksum must be in place already; `fill(tmp)` writes the step's files into
+    a dot-folder (`.<step>.<what>`, removed first if a kill left one), made durable, then renamed."""
+    tmp = directory / f".{step}.{what}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    fill(tmp)
+    make_durable(tmp)
+    os.rename(tmp, directory / str(step))
 
 
 def readable_metadata(step_dir: Path) -> str | None:
@@ -92,7 +112,7 @@ def readable_metadata(step_dir: Path) -> str | None:
 
 def quarantine(directory: Path, step: int, reason: str, trial: str) -> Path:
     """Move a damaged step aside (never delete it) and say so."""
-    target_root = directory.with_name(directory.name + ".quarantine")
+    target_root = quarantine_dir(directory)
     target_root.mkdir(parents=True, exist_ok=True)
     target = target_root / f"{step}-{time.strftime('%Y%m%dT%H%M%S')}"
     shutil.move(str(directory / str(step)), str(target))

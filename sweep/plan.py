@@ -50,7 +50,8 @@ def make(session: Session) -> Plan:
     states = session.trial_states()
     running = session.running()
     live = session.live_numbers(running)
-    remote = _remote_newest(session) if any(t.number not in live for t in running) else {}
+    orphans = [t.number for t in running if t.number not in live]
+    remote = (session.remote_steps(orphans) or {}) if orphans else {}
     return Plan(
         exists=True,
         finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},
@@ -64,21 +65,11 @@ def make(session: Session) -> Plan:
     )
 
 
-def _newest(config: Config, trial: Any, remote: dict[str, int]) -> int | None:
-    """The newest step of `trial` here or in the bucket of checkpoint.remote."""
+def _newest(config: Config, trial: Any, remote: dict[int, list[int]]) -> int | None:
+    """The newest step of `trial` here or in the bucket of checkpoint.remote (`remote`)."""
     folder = checkpoint_folder(config, trial)
-    found = [s for s in (newest_step(folder) if folder is not None else None,
-                         remote.get(f"trial_{trial.number:04d}")) if s is not None]
-    return max(found, default=None)
-
-
-def _remote_newest(session: Session) -> dict[str, int]:
-    if session.remote is None:
-        return {}
-    try:
-        return session.remote.newest_steps()
-    except Exception:  # noqa: BLE001 - the plan reads: the run itself says what it cannot fetch
-        return {}
+    found = [*remote.get(trial.number, []), *([newest_step(folder)] if folder is not None else [])]
+    return max((s for s in found if s is not None), default=None)
 
 
 def resume_text(step: int | None) -> str:

@@ -37,21 +37,11 @@ def plot(session: Session, out: Path) -> list[Path]:
         raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
     written = _study_figures(study, out)
-    remote = _remote_steps(session)
+    remote = session.remote_steps(t.number for t in trials) or {}  # checkpoints kept in the bucket
     for t in sorted(trials, key=lambda t: t.number):
         if t.intermediate_values:
-            written += _learning_curve(config, t, out / "curves", remote.get(f"trial_{t.number:04d}", []))
+            written += _learning_curve(config, t, out / "curves", remote.get(t.number, []))
     return written
-
-
-def _remote_steps(session: Session) -> dict[str, list[int]]:
-    """trial folder name -> its committed steps in the bucket of checkpoint.remote ({} without one)."""
-    if session.remote is None:
-        return {}
-    try:
-        return session.remote.all_steps()
-    except Exception:  # noqa: BLE001 - the curves are drawn without the bucket's markers
-        return {}
 
 
 def _study_figures(study: optuna.Study, out: Path) -> list[Path]:

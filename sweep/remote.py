@@ -21,13 +21,13 @@ import json
 import logging
 import os
 import queue
-import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from sweep import integrity
+from sweep.checkpoints import kept_steps
 
 log = logging.getLogger("sweep")
 UPLOAD_ATTEMPTS = 5  # per step, with backoff: a bucket away for a while is retried, then left for the next run
@@ -92,10 +92,6 @@ class RemoteTier:
                 found.setdefault(trial, []).append(int(step))
         return {trial: sorted(steps) for trial, steps in found.items()}
 
-    def newest_steps(self) -> dict[str, int]:
-        """trial folder name -> its newest committed step, for every trial of the study (one listing)."""
-        return {trial: steps[-1] for trial, steps in self.all_steps().items()}
-
     # --- upload --------------------------------------------------------------------------------
 
     def upload(self, folder: Path, step: int, fence: Callable[[], None] | None = None) -> None:
@@ -159,8 +155,7 @@ class RemoteTier:
             rel = path.relative_to(step_dir).as_posix()
             files[rel] = path.stat().st_size
             self.client.upload_file(str(path), self.bucket, self._data(folder.name, step) + rel)
-        side = integrity.sums_dir(folder) / f"{step}{integrity.SIDE_SUFFIX}"
-        self.client.upload_file(str(side), self.bucket, self._sums(folder.name, step))
+        self.client.upload_file(str(integrity.checksum_file(folder, step)), self.bucket, self._sums(folder.name, step))
         if fence is not None:
             fence()  # a worker that lost its trial never marks a step over the new owner's
         manifest = {"files": files, "sha256": integrity.read_checksum(folder, step)}
@@ -173,7 +168,7 @@ class RemoteTier:
         kill cut short. Steps the local folder keeps are left, uploaded or not, and so are steps
         newer than its newest (another host's, which this folder never saw). `everything`: the
         trial's checkpoints were removed (checkpoint.keep_trials): all of them go."""
-        kept = {int(e.name) for e in os.scandir(folder) if e.is_dir() and e.name.isdigit()} if folder.exists() else set()
+        kept = set(kept_steps(folder))
         newest = max(kept, default=-1)
 
         def doomed(step: int) -> bool:
@@ -219,21 +214,19 @@ class RemoteTier:
         (its checksum first, the step folder by rename, as a save commits)."""
         body = self.client.get_object(Bucket=self.bucket, Key=self._marker(trial, step))["Body"].read()
         manifest = json.loads(body)
-        sums = integrity.sums_dir(folder)
-        sums.mkdir(parents=True, exist_ok=True)
-        side = sums / f"{step}{integrity.SIDE_SUFFIX}"
-        self.client.download_file(self.bucket, self._sums(trial, step), str(side))
-        tmp = folder / f".{step}.downloading"
-        shutil.rmtree(tmp, ignore_errors=True)
-        for rel, size in manifest["files"].items():
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.client.download_file(self.bucket, self._data(trial, step) + rel, str(target))
-            if target.stat().st_size != size:
-                raise OSError(f"{trial} step {step}: {rel} is {target.stat().st_size} bytes in {self.url}, "
-                              f"its manifest says {size}")
-        integrity.make_durable(tmp)
-        os.rename(tmp, folder / str(step))
+        integrity.sums_dir(folder).mkdir(parents=True, exist_ok=True)
+        self.client.download_file(self.bucket, self._sums(trial, step), str(integrity.checksum_file(folder, step)))
+
+        def fill(tmp: Path) -> None:
+            for rel, size in manifest["files"].items():
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.client.download_file(self.bucket, self._data(trial, step) + rel, str(target))
+                if target.stat().st_size != size:
+                    raise OSError(f"{trial} step {step}: {rel} is {target.stat().st_size} bytes in {self.url}, "
+                                  f"its manifest says {size}")
+
+        integrity.install_step(folder, step, fill, "downloading")
 
     def fetch_missing(self, folder: Path, label: str) -> list[int]:
         """Download the committed steps of `folder`'s trial that the local folder lacks; the steps
@@ -246,7 +239,7 @@ class RemoteTier:
         from sweep.errors import RemoteFault
 
         try:
-            local = {int(e.name) for e in os.scandir(folder) if e.name.isdigit()} if folder.exists() else set()
+            local = set(kept_steps(folder))
             missing = [s for s in self.steps(folder.name) if s not in local]
             if missing:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -266,6 +259,6 @@ class RemoteTier:
             remote = set(self.steps(folder.name))
         except Exception:  # noqa: BLE001 - uploads retry on their own
             return
-        for e in sorted(os.scandir(folder), key=lambda e: e.name) if folder.exists() else []:
-            if e.is_dir() and e.name.isdigit() and int(e.name) not in remote:
-                self.upload(folder, int(e.name), fence)
+        for step in kept_steps(folder):
+            if step not in remote:
+                self.upload(folder, step, fence)

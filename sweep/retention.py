@@ -25,12 +25,12 @@ from typing import Any, Iterator
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import integrity
 from sweep.errors import DiskFault, SweepError
 
 log = logging.getLogger("sweep")
 REMOVED_ATTR = "checkpoints_removed:"  # + trial number: why its checkpoints were removed (study attr)
 _DOOMED = ".removing"  # suffix of a folder renamed for deletion
-SIBLINGS = ("", ".sums", ".quarantine")  # a trial's folder, its checksums, its damaged steps
 # Orbax's ~30 small files and folders beside a step's array bytes, as allocated on disk (4 KB
 # blocks): the estimate of a trial's first step; later steps are estimated by the newest one.
 FIRST_STEP_OVERHEAD_BYTES = 128 << 10
@@ -141,8 +141,8 @@ def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
                 return 0
             session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
             freed = _remove_tree(folder)
-    for suffix in SIBLINGS[1:]:  # also when a kill came after the folder went
-        freed += _remove_tree(folder.with_name(folder.name + suffix))
+    for sibling in (integrity.sums_dir(folder), integrity.quarantine_dir(folder)):  # also after a kill
+        freed += _remove_tree(sibling)
     if session.remote is not None:  # the bucket follows the local folder (markers first)
         with contextlib.suppress(Exception):
             session.remote.prune(folder, everything=True)
@@ -160,7 +160,7 @@ def remove_steps(session: Any, t: FrozenTrial, folder: Path, keep: set[int]) -> 
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             if entry.name.isdigit() and int(entry.name) not in keep:
                 freed += _remove_tree(Path(entry.path))
-                sums = folder.with_name(folder.name + ".sums") / f"{entry.name}.sweep.json"
+                sums = integrity.checksum_file(folder, int(entry.name))
                 with contextlib.suppress(FileNotFoundError):
                     freed += sums.stat().st_size
                     sums.unlink()
@@ -229,7 +229,7 @@ def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
                 # (keep_trials raised): its checkpoints are whole, so it keeps them.
                 session.set_study_attr(f"{REMOVED_ATTR}{t.number}", None)
             elif t.number not in kept and (folder.exists() or t.number not in gone
-                                           or folder.with_name(folder.name + ".sums").exists()):
+                                           or integrity.sums_dir(folder).exists()):
                 why = (f"keep_trials {c.keep_trials}: not among the {c.keep_trials} best COMPLETE trials"
                        if t.state == TrialState.COMPLETE else f"keep_trials {c.keep_trials}: {t.state.name}")
                 remove_trial(session, t, folder, why)

@@ -16,10 +16,10 @@ from sweep import plan as plan_lib
 from sweep import retention
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
+from sweep.compiled import FUNCTIONS
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
-from sweep.compiled import FUNCTIONS
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal

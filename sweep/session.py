@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import optuna
@@ -262,19 +262,19 @@ class Session:
         def room(step: int, needed: int) -> None:
             retention.make_room(self, number, step, needed, directory)
 
-        remote = self.remote
-        if remote is not None and not read_only:
+        remote = self.remote if not read_only else None  # readers download for themselves (best.py)
+        upload_fence = self.upload_fence(number) if fence is not None else None
+        if remote is not None:
             remote.fetch_missing(directory, f"trial {number}")  # a new host resumes from the bucket
 
-        upload_fence = self.upload_fence(number)
         def uploaded(step: int) -> None:
-            remote.upload(directory, step, upload_fence if fence is not None else None)
+            remote.upload(directory, step, upload_fence)
 
         ckpt = trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence,
                                  room=room if self.config.study.checkpoint.max_disk is not None else None,
-                                 on_commit=uploaded if remote is not None and not read_only else None)
-        if remote is not None and not read_only:
-            remote.upload_missing(directory, upload_fence if fence is not None else None)  # a kill kept them back
+                                 on_commit=uploaded if remote is not None else None)
+        if remote is not None:
+            remote.upload_missing(directory, upload_fence)  # what a kill or an outage kept from the bucket
         return ckpt
 
     def upload_fence(self, number: int) -> Callable[[], None]:
@@ -301,6 +301,18 @@ class Session:
             root = self.storage.get_study_user_attrs(self.study_id).get(REMOTE_ROOT_ATTR, self.config.name)
             self._remote = RemoteTier(url, root)
         return self._remote
+
+    def remote_steps(self, numbers: Iterable[int]) -> dict[int, list[int]] | None:
+        """Trial number (of `numbers`) -> its committed steps in the bucket, ascending, from one
+        listing; None without checkpoint.remote or where the bucket cannot be read (readers then
+        show what is local)."""
+        if self.remote is None:
+            return None
+        try:
+            found = self.remote.all_steps()
+        except Exception:  # noqa: BLE001 - the network, the endpoint, credentials
+            return None
+        return {n: found[name] for n in numbers if (name := self.config.checkpoint_dir(n).name) in found}
 
     def on_step(self, number: int, step: int) -> None:
         """The runner's progress callback: at the start (the step it starts from), after every

@@ -7,8 +7,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep import retention
+from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.continuation import companions
 from sweep.config import sign
@@ -26,10 +26,10 @@ def collect(session: Session) -> dict[str, Any]:
     removed = retention.removed(session)
     entries = [_entry(t, live, direction, folders[t.number], config.study.objective.metric,
                       removed.get(t.number)) for t in trials]
-    if session.remote is not None:  # the newest step each trial has in the bucket (one listing)
-        remote = _remote_steps(session)
+    if session.remote is not None:  # the newest step each trial has in the bucket
+        remote = session.remote_steps(t.number for t in trials) or {}
         for entry in entries:
-            entry["remote_step"] = remote.get(f"trial_{entry['number']:04d}") if remote is not None else None
+            entry["remote_step"] = remote.get(entry["number"], [None])[-1]
     return {
         "study": config.name,
         "storage": config.storage,
@@ -42,13 +42,6 @@ def collect(session: Session) -> dict[str, Any]:
         # steps -> companion study of the trials `continue` trained that far (status --continued STEPS)
         "continued": {str(k): v for k, v in sorted(companions(session).items())},
     }
-
-
-def _remote_steps(session: Session) -> dict[str, int] | None:
-    try:
-        return session.remote.newest_steps()
-    except Exception:  # noqa: BLE001 - status reads: an unreachable bucket is shown, not fatal
-        return None
 
 
 def _state(t: FrozenTrial, live: set[int]) -> str:

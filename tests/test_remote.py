@@ -183,10 +183,10 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
     assert [t["remote_step"] for t in shown["trials"]] == [6000, 6000, 6000]
     # plot from the third folder marks the checkpoints the bucket keeps
     from sweep import api
-    from sweep.plot import _remote_steps, markers
+    from sweep.plot import markers
 
     with api.open(c) as session:
         session.open(create=False)
-        remote = _remote_steps(session)
-        marks = markers(session.config, session.trial(1), remote["trial_0001"])
-    assert marks["checkpoint"] == remote["trial_0001"] and 6000 in marks["checkpoint"]
+        remote = session.remote_steps([1])
+        marks = markers(session.config, session.trial(1), remote[1])
+    assert marks["checkpoint"] == remote[1] and 6000 in marks["checkpoint"]

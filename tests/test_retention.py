@@ -57,7 +57,7 @@ def test_keep_trials_keeps_exactly_the_k_best_finished_trials_as_they_finish(her
     try:
         report = status.collect(session)
         for entry in report["trials"]:
-            if entry["number"] in top(study, 2):  # noqa: SIM114
+            if entry["number"] in top(study, 2):
                 assert entry["checkpoint_dir"] and entry["checkpoints_removed"] is None
             else:
                 assert entry["checkpoint_dir"] is None
