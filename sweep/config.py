@@ -155,10 +155,9 @@ class Train(_Model):
     same_seed_for_all_trials: bool = False
 
 
-# Periodic saves take at most this share of the wall time by default. Measured on the example
-# with every_steps 100 (benchmarks/RESULTS.md): 0.03 keeps a study within 1.05x of no periodic
-# saves, while the newest checkpoint lags the cadence by about one write / 0.03 (~1 s) only when
-# steps are far faster than a write.
+# The default cadence (no cadence key) writes at most this share of the wall time. Measured on the
+# example with every_steps 100 (benchmarks/RESULTS.md): 0.03 keeps a study within 1.05x of no
+# periodic saves.
 DEFAULT_WRITE_SHARE = 0.03
 
 
@@ -168,10 +167,9 @@ class Checkpoint(_Model):
     keep_last: Annotated[int, Field(ge=1)] = 2
     keep_best: Annotated[int, Field(ge=1)] = 1  # the contract keeps the best state, always
     grace_seconds: Annotated[float, Field(gt=0)] = 20.0  # SIGTERM/SIGINT: exit after this at the latest
-    # The write budget: a periodic save that comes due while the writer is busy, or before writing
-    # would again fit in this share of the wall time, is owed and written at the first window end
-    # that allows it (the last step and a signal's save never wait). null: the exact cadence.
-    max_write_share: Annotated[float, Field(gt=0, le=1)] | None = DEFAULT_WRITE_SHARE
+    # The write budget (sweep/cadence.py): given, it caps any cadence (null: none); absent, the
+    # default cadence runs under DEFAULT_WRITE_SHARE and an explicit one is exact. See write_share.
+    max_write_share: Annotated[float, Field(gt=0, le=1)] | None = None
     # The study's disk budget (sweep/retention.py): only the K best COMPLETE finished trials keep
     # their checkpoints; and a cap on all of the study's checkpoint bytes ("50GB", "500MiB", bytes).
     keep_trials: Annotated[int, Field(ge=1)] | None = None
@@ -179,6 +177,19 @@ class Checkpoint(_Model):
     # A remote tier on S3-compatible storage (sweep/remote.py): every committed step is uploaded
     # in the background; resumes, takeovers and readers fetch what the local folder lacks.
     remote: str | None = None
+
+    @property
+    def explicit_cadence(self) -> bool:
+        """The file gives every_steps or every_seconds (then the cadence is honoured exactly)."""
+        return bool({"every_steps", "every_seconds"} & self.model_fields_set)
+
+    @property
+    def write_share(self) -> float | None:
+        """The write budget in force: max_write_share where the file gives it (null: none), else
+        none for an explicit cadence and DEFAULT_WRITE_SHARE for the default one."""
+        if "max_write_share" in self.model_fields_set:
+            return self.max_write_share
+        return None if self.explicit_cadence else DEFAULT_WRITE_SHARE
 
     @model_validator(mode="after")
     def _check_remote(self) -> Checkpoint:

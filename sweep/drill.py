@@ -27,6 +27,7 @@ from sweep import config as config_lib
 from sweep.checkpoints import newest_step
 from sweep.config import Config
 from sweep.errors import SweepError
+from sweep.ledger import LEDGER_ATTR
 from sweep.session import Session
 
 
@@ -42,6 +43,8 @@ class DrillReport:
     bit_identical: bool
     why_none: str  # why the restart began at step 0, if it did
     differences: list[str]
+    # periodic saves the write budget (checkpoint.max_write_share) deferred, both runs together
+    deferred_saves: int = 0
 
     def lines(self) -> list[str]:
         return [
@@ -50,6 +53,8 @@ class DrillReport:
                 if self.killed_at_step > self.aimed_at_step and self.resumed_from_step > self.aimed_at_step else ""),
             f"resumed from step               {self.resumed_from_step}",
             f"work lost                       {self.lost_steps} steps, {self.lost_seconds:.2f} s",
+            *([f"saves deferred                  {self.deferred_saves} (by checkpoint.max_write_share: the newest "
+               "checkpoint lagged the cadence)"] if self.deferred_saves else []),
             "recovery: restart -> restored   " + (
                 f"{self.restart_to_restored_s:.2f} s" if self.resumed_from_step else
                 f"- (no checkpoint had been committed at the kill: {self.why_none})"),
@@ -191,13 +196,16 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         started = victim.first(r"trial 0: started")
         resumed = int(restored[1].group(1)) if restored else 0
         since = saved_time if saved_time else victim.start_wall + (started[0] if started else 0.0)
-        differences = _compare(ref, session.trial(0))
+        drilled_trial = session.trial(0)
+        differences = _compare(ref, drilled_trial)
+        ledger = drilled_trial.user_attrs.get(LEDGER_ATTR) or {}
         return DrillReport(
             killed_at_step=killed_step, aimed_at_step=kill_at, resumed_from_step=resumed,
             lost_steps=killed_step - resumed,
             lost_seconds=killed_time - since, restart_to_restored_s=restored[0] if restored else float("nan"),
             restart_to_first_new_step_s=first_step[0] if first_step else float("nan"),
-            bit_identical=not differences, differences=differences, why_none=_why_none(config, killed_step))
+            bit_identical=not differences, differences=differences, why_none=_why_none(config, killed_step),
+            deferred_saves=int(ledger.get("deferred_saves", 0)))
     finally:
         for opened in sessions:
             opened.close()

@@ -16,7 +16,10 @@ LEDGER_WRITE_SECONDS = 10.0
 # Seconds, each measured on the training thread; `waiting` is the rest of the run's wall time
 # (building the state, loading data, the storage, the writer at the last step, the pipeline).
 PARTS = ("training", "evaluating", "compiling", "restoring", "checkpoint_blocking", "waiting")
-KEYS = (*PARTS, "checkpoint_background", "wall", "lost", "lost_steps", "interruptions")
+# Saves written and deferred by the write budget, and the steps and seconds between consecutive
+# saves (sweep/cadence.py): sums, so that a trial's mean checkpoint interval stays derivable.
+SAVE_KEYS = ("saves", "deferred_saves", "save_gaps", "save_gap_steps", "save_gap_seconds")
+KEYS = (*PARTS, "checkpoint_background", "wall", "lost", "lost_steps", "interruptions", *SAVE_KEYS)
 
 
 class RunLedger:
@@ -39,6 +42,7 @@ class RunLedger:
         self._write = write
         self._written = self.start
         self.first_step = first_step  # where the trial's own training began (a continued trial: later)
+        self.saves: dict[str, float] = dict.fromkeys(SAVE_KEYS, 0.0)  # set by the loop (Cadence.counts)
 
     def started_at(self, step: int, reached: int) -> None:
         """This run starts at `step` (restored, or 0) of a trial that had reached `reached`
@@ -71,7 +75,7 @@ class RunLedger:
         parts["waiting"] = max(0.0, wall - sum(v for k, v in parts.items() if k != "waiting"))
         mine = {**parts, "checkpoint_background": self.background, "wall": wall,
                 "lost": self.lost if self.lost is not None else wall, "lost_steps": float(self.lost_steps),
-                "interruptions": 1.0 if self.reached is not None else 0.0}
+                "interruptions": 1.0 if self.reached is not None else 0.0, **self.saves}
         return {k: round(self.before.get(k, 0.0) + mine[k], 4) for k in KEYS}
 
     def finish(self) -> None:

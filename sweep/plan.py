@@ -12,6 +12,7 @@ from typing import Any
 
 from sweep import fingerprint
 from sweep.best import checkpoint_folder
+from sweep.cadence import describe
 from sweep.checkpoints import newest_step
 from sweep.config import Config
 from sweep.samplers import sampler_notes
@@ -89,7 +90,8 @@ def text(config: Config, plan: Plan) -> str:
         notes = "".join(f"  note:    {note}\n" for _, note in sampler_notes(config))
         return (f"{head}: new study\n"
                 f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, sampled by {config.study.sampler.type}\n"
-                f"{notes}run would create the study and train {plan.new} trial(s)")
+                f"{notes}  saves:   {describe(config.study.checkpoint)}\n"
+                f"run would create the study and train {plan.new} trial(s)")
     if plan.refused:
         lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
         return (f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean "
@@ -111,6 +113,8 @@ def text(config: Config, plan: Plan) -> str:
         lines.append(f"  warning: {code_warning(plan)}")
     if plan.new:
         lines += [f"  note:    {note}" for _, note in sampler_notes(config)]
+    if plan.has_work:
+        lines.append(f"  saves:   {describe(config.study.checkpoint)}")
     lines.append(f"run would resume {len(plan.resume)} and start {plan.new} trial(s)" if plan.has_work
                  else "run would do nothing: the study is finished (raise n_trials to add trials)")
     return "\n".join(lines)

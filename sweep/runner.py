@@ -13,6 +13,7 @@ import numpy as np
 
 from sweep import compiled
 from sweep.best import best_of_reports
+from sweep.cadence import Cadence
 from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
@@ -148,7 +149,7 @@ def run_trial(
                      number, devices, len(leaf.sharding.device_set))
         params, opt_state, key = state["params"], state["opt_state"], state["key"]
         model_state, loss_sum = state.get("model_state", {}), state["train_loss_sum"]
-        cadence = _Cadence(study.checkpoint.every_steps, study.checkpoint.every_seconds)
+        cadence = Cadence.of(study.checkpoint, step)
         evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
         announce_first_step = bool(reported)  # a trial that made progress before: recovery is visible
 
@@ -196,10 +197,12 @@ def run_trial(
                         _flush(ckpt, best, None)
                     return Outcome("PRUNED", _best_step(best), best.value, step)
             must = step == total or stop.signum is not None
-            if must or (cadence.due(step) and not cadence.defer(ckpt, study.checkpoint.max_write_share)):
+            if must or (cadence.due(step) and not cadence.defer(ckpt)):
                 with ledger.timed("checkpoint_blocking"):
-                    _flush(ckpt, best, (step, snapshot, evaluated))
-                cadence.saved()
+                    wrote = _flush(ckpt, best, (step, snapshot, evaluated))
+                cadence.saved(step, wrote)
+                ledger.saves = cadence.counts()
+                cadence.check_cost(number, ledger)
                 if step == total:
                     break
                 if stop.signum is not None:
@@ -252,7 +255,7 @@ def run_trial(
                   compiled.compilations(done, "evaluate"), done["compile_seconds"], done["cache_hits"])
 
 
-def _decision_at(step: int, total: int, eval_every: int, cadence: _Cadence, stop: StopSignal) -> bool:
+def _decision_at(step: int, total: int, eval_every: int, cadence: Cadence, stop: StopSignal) -> bool:
     """Something at `step` needs the training state: the last step, an evaluation, a save, a signal."""
     return step == total or step % eval_every == 0 or stop.signum is not None or cadence.due(step)
 
@@ -298,8 +301,9 @@ def _metrics(metrics: Mapping[str, Any], declared: Any, metric: str, number: int
     return values
 
 
-def _flush(ckpt: TrialCheckpoints, best: _Best, current: tuple[int, Callable[[], Any], dict | None] | None) -> None:
-    """Write the best state if it is not on disk yet, then the current step (if given).
+def _flush(ckpt: TrialCheckpoints, best: _Best, current: tuple[int, Callable[[], Any], dict | None] | None) -> bool:
+    """Write the best state if it is not on disk yet, then the current step (if given); False if
+    there was nothing to write (the step is on disk already: a resumed run's restored step).
 
     The best state waits in memory for the next save: a resumed run recomputes it bit-identically,
     so writing it at once would buy nothing but I/O.
@@ -313,38 +317,4 @@ def _flush(ckpt: TrialCheckpoints, best: _Best, current: tuple[int, Callable[[],
         step, snapshot, metrics = current
         items.append((step, snapshot(), metrics))
     ckpt.save(*items)
-
-
-class _Cadence:
-    """Periodic saves every N steps and/or every T seconds, whichever comes first, within the
-    write budget `checkpoint.max_write_share` (default 0.03).
-
-    A periodic save that comes due while the writer is busy, or has not rested long enough for
-    writing to stay within that share of the time, is owed instead: it happens at the first
-    window end after that. Waiting would stall training whenever an Orbax write (~30 ms)
-    outlasts the steps between two saves (a few ms for the digits trial: 1.76x slower at
-    every_steps 100); the newest checkpoint then lags the cadence by about one write / share
-    (~1 s at 0.03) when steps are that fast, and not at all when they are not. The last step and
-    a signal's save always happen, waiting for the writer. `max_write_share: null` restores the
-    exact cadence (every due save waits for the one in flight).
-    """
-
-    def __init__(self, every_steps: int | None, every_seconds: float | None) -> None:
-        self.every_steps, self.every_seconds = every_steps, every_seconds
-        self.last_time = time.monotonic()
-        self.owed = False
-
-    def due(self, step: int) -> bool:
-        if self.owed or (self.every_steps and step > 0 and step % self.every_steps == 0):
-            return True
-        return self.every_seconds is not None and time.monotonic() - self.last_time >= self.every_seconds
-
-    def defer(self, ckpt: TrialCheckpoints, max_write_share: float | None) -> bool:
-        """Owe the due save if `max_write_share` is set and the writer is not ready; True if owed."""
-        busy = max_write_share is not None and ckpt.busy(max_write_share)
-        self.owed = self.owed or busy
-        return busy
-
-    def saved(self) -> None:
-        self.last_time = time.monotonic()
-        self.owed = False
+    return bool(items)

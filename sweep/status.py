@@ -9,6 +9,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import retention
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
+from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.continuation import companions
 from sweep.config import sign
@@ -74,6 +75,9 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         # seconds training, evaluating, compiling, restoring, checkpointing (blocking, background),
         # waiting, wall, lost to interruptions, and their number, over all its runs
         "ledger": attrs.get(LEDGER_ATTR),
+        # the mean steps and seconds between its saves and the saves the write budget deferred
+        # (null before its first save)
+        "checkpoint_interval": effective_interval(attrs.get(LEDGER_ATTR)),
     }
 
 
@@ -87,7 +91,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     remote = any("remote_step" in t for t in status["trials"])
     head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
-            "ckpt_age", *(["remote"] if remote else [])]
+            "ckpt_every", "ckpt_age", *(["remote"] if remote else [])]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
@@ -97,6 +101,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
+                     _interval(t.get("checkpoint_interval")),
                      "removed" if t.get("checkpoints_removed") else _age(now - mtime) if mtime else "-",
                      *([_remote_cell(t)] if remote else [])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -127,6 +132,14 @@ def _lost(ledger: dict[str, float] | None) -> str:
     if not ledger:
         return "-"
     return f"{ledger['lost']:.0f}s/{int(ledger['interruptions'])}"
+
+
+def _interval(interval: dict[str, float] | None) -> str:
+    """The mean steps between saves, and how many saves the write budget deferred ("200", "340 (12 deferred)")."""
+    if not interval:
+        return "-"
+    deferred = int(interval["deferred_saves"])
+    return f"{interval['steps']:.0f}" + (f" ({deferred} deferred)" if deferred else "")
 
 
 def _fmt(v: Any) -> str:
