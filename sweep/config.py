@@ -166,7 +166,7 @@ class Checkpoint(_Model):
     every_steps: Annotated[int, Field(ge=1)] | None = None
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
     keep_last: Annotated[int, Field(ge=1)] = 2
-    keep_best: Annotated[int, Field(ge=1)] = 1  # the contract keeps the best state, always
+    keep_best: Annotated[int, Field(ge=1)] = 1  # the best state is always kept (docs/reference.md)
     grace_seconds: Annotated[float, Field(gt=0)] = 20.0  # SIGTERM/SIGINT: exit after this at the latest
     # The write budget: a periodic save that comes due while the writer is busy, or before writing
     # would again fit in this share of the wall time, is owed and written at the first window end
