@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,28 @@ def test_docs_cheap_commands_run_for_real(tmp_path):
     for page, line, argv in on_example:
         result = run_cli(*argv, cwd=tmp_path)
         assert result.returncode == 0, f"{page}:{line}: {' '.join(argv)}\n{result.stderr}"
-    assert (tmp_path / "export" / "index.json").is_file()
+    status = json.loads(run_cli("status", "studies/digits_mlp.yaml", "--json", cwd=tmp_path).stdout)
+    assert set(status) == _fields("The study:")
+    assert {key for t in status["trials"] for key in t} == _fields("Each trial:") - {"remote_step"}  # remote only
+    assert set(status["trials"][0]["ledger"]) == _fields("### The ledger")
+    index = json.loads((tmp_path / "export" / "index.json").read_text())
+    meta = json.loads((tmp_path / "export" / index["trials"][0]["dir"] / "meta.json").read_text())
+    assert set(index) <= {"study", "metric", "direction", "trials", "removed"}
+    assert set(meta) == set(index["trials"][0]) == _fields("| meta.json / index entry field |")
+
+
+def _fields(marker: str) -> set[str]:
+    """The names in the first column of the table of docs/reference.md that follows `marker`."""
+    rows = REFERENCE.split(marker, 1)[1].lstrip("\n").splitlines()
+    if not rows[0].startswith("|"):
+        rows = rows[rows.index(next(r for r in rows if r.startswith("|"))):]
+    names: set[str] = set()
+    for row in rows:
+        if not row.startswith("|"):
+            break
+        first = row.split("|")[1]
+        names.update(re.findall(r"`(\w+)`", first))
+    return names
 
 
 def _api_block() -> list[str]:
