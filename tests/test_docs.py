@@ -43,6 +43,11 @@ def test_docs_yaml_blocks_load_as_study_files(page, line, text, tmp_path, monkey
     assert not list(tmp_path.glob("runs")), "loading a study file created something"
 
 
+def test_docs_json_blocks_are_json():
+    for page, line, text in blocks("json"):
+        assert isinstance(json.loads(text), dict), f"{page}:{line}"
+
+
 def test_docs_show_yaml_blocks():
     pages = {page for page, _, _ in YAML_BLOCKS}
     assert {"README.md", "docs/reference.md", "docs/many-hosts.md", "docs/study-file.md"} <= pages
