@@ -14,7 +14,9 @@ from sweep.errors import Interrupted, SweepError, UsageError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sweep", description=(
         "Hyperparameter sweeps with per-trial resume. Re-run the same `run` command after any "
-        "interruption: finished trials are skipped, interrupted ones resume from their newest checkpoint."))
+        "interruption: finished trials are skipped, interrupted ones resume from their newest checkpoint."),
+        epilog="Every study-file key, status --json field, export field and exit code: docs/reference.md; "
+               "guides: docs/README.md (in the sweep repository).")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="start a study, or resume it after any interruption")
@@ -26,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="when stderr is not a terminal: seconds between progress lines (default 30)")
     status = sub.add_parser("status", help="what every trial is doing / has done")
     status.add_argument("study_file", metavar="STUDY.yaml")
-    status.add_argument("--json", action="store_true", help="machine-readable output (see CONTRACT)")
+    status.add_argument("--json", action="store_true", help="machine-readable output (every field: docs/reference.md, 'status --json')")
     export = sub.add_parser("export", help="write every finished trial's best checkpoint as safetensors + JSON")
     export.add_argument("study_file", metavar="STUDY.yaml")
     export.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
@@ -67,7 +69,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
                     _exit_on_signal=True)
         print(session.summary())
-        if session.best_trial() is None:  # the contract: exit 0 needs a COMPLETE trial
+        if session.best_trial() is None:  # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes)
             raise SweepError(no_complete_trial(session) or "no trial completed")
     return 0
 

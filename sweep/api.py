@@ -125,7 +125,7 @@ class StudySession(Session):
         return summary.text(self.open(create=False))
 
     def status(self) -> dict[str, Any]:
-        """The `status --json` object of the contract. Reads only."""
+        """The `status --json` object (every field: docs/reference.md). Reads only."""
         from sweep import status
 
         return status.collect(self)

@@ -165,7 +165,7 @@ class Checkpoint(_Model):
     every_steps: Annotated[int, Field(ge=1)] | None = None
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
     keep_last: Annotated[int, Field(ge=1)] = 2
-    keep_best: Annotated[int, Field(ge=1)] = 1  # the contract keeps the best state, always
+    keep_best: Annotated[int, Field(ge=1)] = 1  # the best state is always kept (docs/reference.md)
     grace_seconds: Annotated[float, Field(gt=0)] = 20.0  # SIGTERM/SIGINT: exit after this at the latest
     # The write budget (sweep/cadence.py): given, it caps any cadence (null: none); absent, the
     # default cadence runs under DEFAULT_WRITE_SHARE and an explicit one is exact. See write_share.

@@ -14,7 +14,7 @@ class StudyNotFound(SweepError):
 
 
 class ConfigError(SweepError, ValueError):
-    """A study file breaks a rule of the contract (exit 2, nothing written)."""
+    """A study file breaks one of its rules (docs/reference.md, "The study file"): exit 2, nothing written."""
 
     exit_code = 2
 

@@ -21,8 +21,8 @@ from sweep.errors import ConfigError
 
 STUDY_ATTR = "sweep:study_file"  # study user attribute: meaning() of the file the study started from
 CODE_ATTR = "sweep:trial_code"  # study user attribute: code() of the trial module it ran last
-# Top-level keys that may change under a started study (the contract's list, plus the pruner: it
-# decides when to stop a trial, not what the trial computes).
+# Top-level keys that may change under a started study (docs/reference.md, "Keys that may change
+# under a started study"); the pruner is one: it decides when to stop a trial, not what it computes.
 STEERING = ("n_trials", "timeout", "parallel", "checkpoint", "max_retries", "pruner", "storage_retry_seconds")
 _ABSENT = object()
 

@@ -1,4 +1,4 @@
-"""`status`: what every trial of a study is doing or has done, as a table or the contract's JSON."""
+"""`status`: what every trial of a study is doing or has done, as a table or JSON (docs/reference.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sweep.session import Session
 
 
 def collect(session: Session) -> dict[str, Any]:
-    """The contract's `status --json` object. Reads only; creates nothing."""
+    """The `status --json` object (every field: docs/reference.md). Reads only; creates nothing."""
     config = session.open(create=False).config
     trials = session.trials()
     live = session.live_numbers(trials)

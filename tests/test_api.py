@@ -72,8 +72,8 @@ TRIAL_SOURCE = textwrap.dedent('''
 ''')
 TRIAL = "api_linear"
 STEPS = 40
-CONTRACT_KEYS = {"number", "state", "params", "value", "best_step", "best_value", "last_step", "checkpoint_dir",
-                 "resumes"}
+REFERENCE_KEYS = {"number", "state", "params", "value", "best_step", "best_value", "last_step", "checkpoint_dir",
+                  "resumes"}
 
 
 def make_study(root: Path, trial: str = TRIAL, **override: Any) -> dict[str, Any]:
@@ -189,14 +189,14 @@ def sigterm_at(session: Any, number: int, step: int) -> None:
 # --- run, status, export, load_best ----------------------------------------------------------------
 
 
-def test_run_returns_the_contract_status(finished):
+def test_run_returns_the_documented_status(finished):
     status, workdir = finished.status, Path(finished.study["workdir"])
     assert json.loads(json.dumps(status)) == status
     assert (status["study"], status["storage"], status["n_trials"]) == ("api", f"sqlite:///{workdir}/study.db", 3)
     assert [t["number"] for t in status["trials"]] == [0, 1, 2]
     stored = optuna.load_study(study_name="api", storage=status["storage"]).trials  # Optuna's own storage
     for t, frozen in zip(status["trials"], stored):
-        assert CONTRACT_KEYS <= set(t), t
+        assert REFERENCE_KEYS <= set(t), t
         assert (t["state"], t["resumes"], t["last_step"]) == ("COMPLETE", 0, STEPS)
         assert t["params"] == frozen.params and set(t["params"]) == {"learning_rate"}
         # The value is the best evaluation, reported once per step.

@@ -1,4 +1,7 @@
-"""The README's copyable trial and study work as written, and its commands name real things."""
+"""The README's copyable trial and study work as written, and its commands name real things.
+
+The docs/ pages' examples are run by test_docs.py; named examples may live on either.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_cli
+from doc_blocks import example as _example
 
 README = (REPO / "README.md").read_text()
-
-
-def _example(name: str) -> str:
-    m = re.search(rf"<!-- example: {re.escape(name)} -->\n```\w+\n(.*?)```", README, re.S)
-    assert m, f"README has no example {name}"
-    return m.group(1)
 
 
 @pytest.mark.slow

@@ -138,7 +138,7 @@ def test_two_processes_on_one_sqlite_study_run_each_trial_once(write_study):
     assert all(len(t.intermediate_values) == 12 for t in trials)
 
 
-def test_status_json_follows_the_contract(write_study):
+def test_status_json_follows_the_reference(write_study):
     study = write_study(n_trials=2)
     assert run_cli("run", study, cwd=study.parent).returncode == 0
     result = run_cli("status", study, "--json")

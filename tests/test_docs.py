@@ -1,0 +1,205 @@
+"""The docs work as written: study files load, commands parse (the cheap ones run), the API's signatures match."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import run_cli
+from doc_blocks import REPO, blocks, example, page_name, sweep_commands
+
+import sweep
+from sweep import config as config_lib
+from sweep.__main__ import _parser
+from sweep.samplers import check_config
+
+REFERENCE = (REPO / "docs" / "reference.md").read_text()
+EXAMPLE_STUDY = yaml.safe_load((REPO / "studies" / "digits_mlp.yaml").read_text())
+YAML_BLOCKS = blocks("yaml")
+COMMANDS = sweep_commands()
+# The commands that train a whole study, or kill and restart one, are run by their own tests
+# (test_readme.py, test_drill.py); every other documented command on the example runs below.
+NOT_RUN_HERE = {"run", "drill"}
+
+
+@pytest.mark.parametrize("page, line, text", YAML_BLOCKS, ids=[f"{p}:{n}" for p, n, _ in YAML_BLOCKS])
+def test_docs_yaml_blocks_load_as_study_files(page, line, text, tmp_path, monkeypatch):
+    """A whole study file loads as it is; a fragment (a few keys) on top of the example study."""
+    raw = yaml.safe_load(text)
+    assert isinstance(raw, dict), f"{page}:{line}: not a mapping of study keys"
+    if not {"name", "trial"} <= set(raw):
+        raw = {**EXAMPLE_STUDY, **raw}
+    monkeypatch.chdir(tmp_path)
+    if raw["trial"] == "my_trial":  # the README's copyable trial, saved beside the study as it says
+        (tmp_path / "my_trial.py").write_text(example("my_trial.py"))
+    config = config_lib.from_dict(raw, origin=f"{page}:{line}")
+    check_config(config)  # sampler and pruner arguments against Optuna's classes, as `run` does
+    assert not list(tmp_path.glob("runs")), "loading a study file created something"
+
+
+def test_docs_json_blocks_are_json():
+    for page, line, text in blocks("json"):
+        assert isinstance(json.loads(text), dict), f"{page}:{line}"
+
+
+def test_docs_show_yaml_blocks():
+    pages = {page for page, _, _ in YAML_BLOCKS}
+    assert {"README.md", "docs/reference.md", "docs/many-hosts.md", "docs/study-file.md"} <= pages
+
+
+@pytest.mark.parametrize("page, line, argv", COMMANDS, ids=[f"{p}:{n}" for p, n, _ in COMMANDS])
+def test_docs_sweep_commands_parse(page, line, argv):
+    """Every `python -m sweep ...` in a bash block is a real command line, on a study file that exists."""
+    args = _parser().parse_args(argv)
+    study = Path(args.study_file)
+    if study.parts[0] == "studies":
+        assert (REPO / study).is_file(), f"{page}:{line}: {study} does not exist"
+
+
+def test_docs_commands_cover_the_readers():
+    commands = {argv[0] for _, _, argv in COMMANDS}
+    assert {"run", "status", "export", "plot", "plan", "continue", "drill"} <= commands, commands
+
+
+@pytest.mark.slow
+def test_docs_cheap_commands_run_for_real(tmp_path):
+    """Every documented command on the example study that does not train a study of its own, run
+    as written on a small copy of it (2 trials of 300 steps) after `run`."""
+    (tmp_path / "studies").mkdir()
+    small = {**EXAMPLE_STUDY, "n_trials": 2, "train": {"steps": 300, "eval_every": 50, "seed": 0}}
+    (tmp_path / "studies" / "digits_mlp.yaml").write_text(yaml.safe_dump(small))
+    result = run_cli("run", "studies/digits_mlp.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    on_example = [(page, line, argv) for page, line, argv in COMMANDS
+                  if argv[1:2] == ["studies/digits_mlp.yaml"] and argv[0] not in NOT_RUN_HERE]
+    # `continue` first: the readers with --continued read what it trained.
+    on_example.sort(key=lambda c: "--continued" in c[2])
+    assert len(on_example) >= 5
+    for page, line, argv in on_example:
+        result = run_cli(*argv, cwd=tmp_path)
+        assert result.returncode == 0, f"{page}:{line}: {' '.join(argv)}\n{result.stderr}"
+    status = json.loads(run_cli("status", "studies/digits_mlp.yaml", "--json", cwd=tmp_path).stdout)
+    assert set(status) == _fields("The study:")
+    assert {key for t in status["trials"] for key in t} == _fields("Each trial:") - {"remote_step"}  # remote only
+    assert set(status["trials"][0]["ledger"]) == _fields("### The ledger")
+    index = json.loads((tmp_path / "export" / "index.json").read_text())
+    meta = json.loads((tmp_path / "export" / index["trials"][0]["dir"] / "meta.json").read_text())
+    assert set(index) <= {"study", "metric", "direction", "trials", "removed"}
+    assert set(meta) == set(index["trials"][0]) == _fields("| meta.json / index entry field |")
+
+
+def _fields(marker: str) -> set[str]:
+    """The names in the first column of the table of docs/reference.md that follows `marker`."""
+    rows = REFERENCE.split(marker, 1)[1].lstrip("\n").splitlines()
+    if not rows[0].startswith("|"):
+        rows = rows[rows.index(next(r for r in rows if r.startswith("|"))):]
+    names: set[str] = set()
+    for row in rows:
+        if not row.startswith("|"):
+            break
+        first = row.split("|")[1]
+        names.update(re.findall(r"`(\w+)`", first))
+    return names
+
+
+def _api_block() -> list[str]:
+    section = REFERENCE.split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code, "docs/reference.md's Python API section has no signature block"
+    return [line.strip() for line in code.group(1).splitlines() if line.strip()]
+
+
+def _resolve(dotted: str) -> Any:
+    owner, name = dotted.split(".")
+    return getattr(getattr(sweep, owner) if owner != "sweep" else sweep, name)
+
+
+def _plain(fn: Any) -> str:
+    """The signature as documented: no annotations, no `self`, no private (underscored) parameters."""
+    sig = inspect.signature(fn)
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()
+              if p.name != "self" and not p.name.startswith("_")]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def test_reference_api_signatures_match_the_code():
+    documented = _api_block()
+    assert len(documented) >= 10
+    for line in documented:
+        m = re.fullmatch(r"((?:sweep|StudySession)\.\w+)(\(.*\))", line)
+        assert m, f"docs/reference.md: not a signature: {line}"
+        assert _plain(_resolve(m.group(1))) == m.group(2), f"docs/reference.md documents {line}"
+
+
+def test_reference_names_everything_sweep_exports():
+    for name in sweep.__all__:
+        assert f"`sweep.{name}" in REFERENCE or f"sweep.{name}(" in REFERENCE or f"`{name}`" in REFERENCE, name
+
+
+def _top_level_items(annotation: str) -> int:
+    depth, items = 0, 1
+    for ch in annotation:
+        depth += ch == "["
+        depth -= ch == "]"
+        items += ch == "," and depth == 0
+    return items
+
+
+def test_reference_tuple_returns_match_the_code():
+    """A row that says a function returns `(a, b)` names a function annotated to return a pair."""
+    rows = re.findall(r"^\| `((?:sweep|StudySession)\.\w+)\([^`]*\)` \| `\(([\w, ]+)\)` \|", REFERENCE, re.M)
+    assert ("sweep.load_variables", "variables, meta") in rows, rows
+    for dotted, names in rows:
+        returned = str(inspect.signature(_resolve(dotted)).return_annotation)
+        assert returned.startswith("tuple[") and returned.endswith("]"), (dotted, returned)
+        assert _top_level_items(returned[6:-1]) == len(names.split(",")), (dotted, returned)
+
+
+INLINE_CALLS = [(page_name(page), m.group(1), m.group(2)) for page in [REPO / "README.md", *sorted(
+    (REPO / "docs").glob("*.md"))] for m in re.finditer(r"`(sweep\.\w+)(\([\w=, *]*\))`", page.read_text())]
+
+
+@pytest.mark.parametrize("page, name, args", INLINE_CALLS, ids=[f"{p}:{n}{a}" for p, n, a in INLINE_CALLS])
+def test_docs_inline_signatures_match_the_code(page, name, args):
+    """`sweep.load_variables(path)` written in running text is the function's signature too."""
+    assert _plain(_resolve(name)) == args, f"{page} writes {name}{args}"
+
+
+def test_readme_is_a_front_door():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 300
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_docs_links_point_to_shipped_files_and_headings():
+    """Every relative link of the README and docs/ names a file of the repository (and a heading of it)."""
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.is_file(), f"{page_name(page)} links to {target}: no such file"
+            if anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", file.read_text(), re.M)
+                assert anchor in {_anchor(h) for h in headings}, f"{page_name(page)} links to {target}: no such heading"
+
+
+def test_no_document_outside_the_repository_is_cited():
+    """The user-facing reference is docs/reference.md; nothing points to a document the repository lacks."""
+    for file in [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "sweep").rglob("*.py")]:
+        text = file.read_text()
+        assert not re.search(r"\bCONTRACT\b|the contract", text, re.I), f"{file.relative_to(REPO)} cites the contract"
+    parser = _parser()
+    status = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["status"]
+    assert "docs/reference.md" in parser.format_help()  # python -m sweep --help
+    assert "docs/reference.md" in status.format_help()  # python -m sweep status --help
