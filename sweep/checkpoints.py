@@ -23,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from sweep import integrity
+from sweep import integrity, packing
 from sweep.errors import DiskFault
 
 log = logging.getLogger("sweep")
@@ -183,17 +183,26 @@ class TrialCheckpoints:
     def restore(self, step: int, template: Any) -> Any:
         """Restore `step` into the structure of `template` (optax states come back as their types).
 
-        A step written before one of the template's `optional_keys` existed comes back without it.
+        Steps in the packed layout (sweep/packing.py) and in the plain one of earlier releases both
+        restore; a step written before one of the template's `optional_keys` existed comes back
+        without it.
         """
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        try:
-            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        except Exception:
-            older = {k: v for k, v in abstract.items() if k not in self.optional_keys} \
-                if isinstance(abstract, dict) else abstract
-            if older is abstract or len(older) == len(abstract):
-                raise
-            return self._manager.restore(step, args=ocp.args.StandardRestore(older))
+        trees = [abstract]
+        if isinstance(abstract, dict) and any(k in abstract for k in self.optional_keys):
+            trees.append({k: v for k, v in abstract.items() if k not in self.optional_keys})
+        first: Exception | None = None
+        for tree in trees:
+            for packed in (True, False):  # the layout this release writes first
+                try:
+                    if packed:
+                        stored = self._manager.restore(step, args=ocp.args.StandardRestore(packing.packed_template(tree)))
+                        return packing.unpack(stored, tree)
+                    return self._manager.restore(step, args=ocp.args.StandardRestore(tree))
+                except Exception as exc:
+                    first = first or exc
+        assert first is not None
+        raise first
 
     def restore_verified(self, step: int, template: Any) -> Any:
         """`restore`, then check the step's recorded checksum; every reader of a checkpoint uses this.
@@ -294,7 +303,7 @@ class TrialCheckpoints:
                 self.room(step, sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)))
             # The checksum is durable before the step exists, so a committed step always has one.
             integrity.write_checksum(self.directory, step, integrity.checksum(state))
-            self._manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True)
+            self._manager.save(step, args=ocp.args.StandardSave(packing.pack(state)), metrics=metrics, force=True)
             self._manager.wait_until_finished()
             integrity.make_durable(self.directory / str(step))
         self._drop_stale_checksums()
