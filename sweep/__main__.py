@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage; its code is 2 for errors, 0 for --help
         return int(exc.code or 0)
+    from sweep import logs
+
+    logs.route_warnings(verbose=getattr(args, "verbose", False))
     try:
         return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "plot": _cmd_plot,
                 "plan": _cmd_plan, "drill": _cmd_drill,
