@@ -100,6 +100,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     with _open(args) as session:
         report = session.status()
+        changed = session.meaning_changes() if args.continued is None else []
+    if changed:  # a reader still reads the study; the file is what `run` would refuse
+        from sweep.fingerprint import mismatch_warning
+
+        print(f"warning: {mismatch_warning(session.config, changed)}", file=sys.stderr)
     print(json.dumps(report, indent=1) if args.json else status.table(report, highlight=sys.stdout.isatty()))
     return 0
 

@@ -91,7 +91,7 @@ def text(config: Config, plan: Plan) -> str:
                 f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, sampled by {config.study.sampler.type}\n"
                 f"{notes}run would create the study and train {plan.new} trial(s)")
     if plan.refused:
-        lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
+        lines = fingerprint.diff_lines(plan.refused)
         return (f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean "
                 f"changed:\n{lines}")
     counts = collections.Counter(plan.finished.values())
