@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import retention
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep.checkpoints import newest_mtime, newest_step
-from sweep.continuation import companions
+from sweep.continuation import CONTINUED_ATTR, companions
 from sweep.config import sign
 from sweep.ledger import LEDGER_ATTR, study_total, summary_line
 from sweep.session import Session
@@ -67,6 +67,8 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
         "checkpoints_removed": removed,
         "resumes": int(attrs.get("resumes", 0)),
+        # {"study", "number", "last_step"} of the trial `continue` trained further (companion studies)
+        "continued_from": attrs.get(CONTINUED_ATTR),
         "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
         "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
         # XLA compilations, executables from the persistent cache and compile seconds, all its runs
@@ -86,7 +88,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     remote = any("remote_step" in t for t in status["trials"])
-    head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
+    linked = any(t.get("continued_from") for t in status["trials"])
+    head = ["", "number", "state", *(["continued_from"] if linked else []), *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
             "ckpt_age", *(["remote"] if remote else [])]
     rows = [head]
     now = time.time()
@@ -94,6 +97,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         mtime = newest_mtime(t["checkpoint_dir"]) if t["checkpoint_dir"] else None
         metrics = {**(t.get("metrics") or {}), "train_loss": t.get("train_loss")}
         rows.append(["*" if t["number"] == best else "", str(t["number"]), t["state"],
+                     *([_link(t.get("continued_from"))] if linked else []),
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
@@ -111,6 +115,13 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     for steps, name in (status.get("continued") or {}).items():
         lines.append(f"continued to {steps} steps: study {name} (status --continued {steps})")
     return "\n".join(lines)
+
+
+def _link(origin: dict[str, Any] | None) -> str:
+    """"trial 1 of seq2seq at step 2000": the trial a continued trial goes on from."""
+    if not origin:
+        return "-"
+    return f"trial {origin['number']} of {origin['study']} at step {origin['last_step']}"
 
 
 def _remote_cell(t: dict[str, Any]) -> str:

@@ -145,3 +145,36 @@ def test_cli_continue_killed_and_rerun_equals_a_longer_study(write_study, refere
     assert json.loads((out / "index.json").read_text())["trials"][0]["last_step"] == 2400
     refused = run_cli("status", study, "--continued", "999", cwd=study.parent)
     assert refused.returncode == 1 and "has no trials continued to 999 steps" in refused.stderr
+
+
+def test_status_and_export_of_the_companion_study_name_the_trial_each_continues(here, tmp_path):
+    import json
+
+    from sweep import status
+
+    study = make_study(here, n_trials=2)
+    run(study)
+    continued(study, 60, numbers=[1])
+    link = {"study": "sched", "number": 1, "last_step": 40}
+    session = continuation.open_companion(config_lib.from_dict(study), 60)
+    try:
+        report = status.collect(session)
+        index = session.export(tmp_path / "out")
+    finally:
+        session.close()
+    (entry,) = report["trials"]
+    assert entry["number"] == 0 and entry["continued_from"] == link
+    table = status.table(report).splitlines()
+    assert "continued_from" in table[1].split()
+    assert "trial 1 of sched at step 40" in table[2]
+    assert index["trials"][0]["continued_from"] == link
+    meta = json.loads((tmp_path / "out" / "trial_0000" / "meta.json").read_text())
+    assert meta["continued_from"] == link
+    # The study's own trials continue nothing: no such column, null in JSON, absent from meta.
+    session = continuation.Session(config_lib.from_dict(study))
+    try:
+        own = status.collect(session)
+    finally:
+        session.close()
+    assert [t["continued_from"] for t in own["trials"]] == [None, None]
+    assert "continued_from" not in status.table(own)
