@@ -76,9 +76,6 @@ class ContinuingSession(StudySession):
             self._seed_numbers[number] = int(self.trial(number).user_attrs[CONTINUED_ATTR]["number"])
         return self._seed_numbers[number]
 
-    def first_step(self, number: int) -> int:
-        return int(self.trial(number).user_attrs[CONTINUED_ATTR]["last_step"])
-
     def prepare_trial(self, number: int, trial: optuna.Trial, folder: Path) -> bool:
         """Carry the continued trial's kept checkpoints, reports and evaluations over (once; a kill
         midway is finished by the next run). True if anything was done."""

@@ -12,7 +12,8 @@ from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metric
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.continuation import CONTINUED_ATTR, companions
 from sweep.config import sign
-from sweep.ledger import LEDGER_ATTR, study_total, summary_line
+from sweep import ledger as ledger_lib
+from sweep.ledger import RESUMES_ATTR, study_total, summary_line
 from sweep.session import Session
 
 
@@ -66,7 +67,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "checkpoint_dir": str(folder) if folder is not None and removed is None else None,  # where it is now
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
         "checkpoints_removed": removed,
-        "resumes": int(attrs.get("resumes", 0)),
+        "resumes": int(attrs.get(RESUMES_ATTR, 0)),  # its interruptions (sweep/ledger.py)
         # {"study", "number", "last_step"} of the trial `continue` trained further (companion studies)
         "continued_from": attrs.get(CONTINUED_ATTR),
         "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
@@ -75,7 +76,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "compiles": attrs.get(COMPILES_ATTR),
         # seconds training, evaluating, compiling, restoring, checkpointing (blocking, background),
         # waiting, wall, lost to interruptions, and their number, over all its runs
-        "ledger": attrs.get(LEDGER_ATTR),
+        "ledger": ledger_lib.of_trial(attrs),
     }
 
 
@@ -89,8 +90,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     remote = any("remote_step" in t for t in status["trials"])
     linked = any(t.get("continued_from") for t in status["trials"])
-    head = ["", "number", "state", *(["continued_from"] if linked else []), *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
-            "ckpt_age", *(["remote"] if remote else [])]
+    head = ["", "number", "state", *(["continued_from"] if linked else []), *names, status["metric"], *extra,
+            "best_step", "last_step", "resumes", "lost", "ckpt_age", *(["remote"] if remote else [])]
     rows = [head]
     now = time.time()
     for t in status["trials"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.best import best_test_metrics, checkpoint_folder
-from sweep.ledger import LEDGER_ATTR, study_total, summary_line
+from sweep.ledger import of_trial, study_total, summary_line
 from sweep.session import Session
 
 
@@ -23,7 +23,7 @@ def text(session: Session) -> str:
     compiles = _compiles(trials)
     if compiles:
         lines.append(compiles)
-    ledger = study_total(t.user_attrs.get(LEDGER_ATTR) for t in trials)
+    ledger = study_total(of_trial(t.user_attrs) for t in trials)
     if ledger:
         lines.append(summary_line(ledger))
     best = session.best_trial()
