@@ -113,6 +113,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sweep import logs
+    from sweep.words import count
 
     with _open(args) as session:
         logs.setup(quiet=True)
@@ -122,7 +123,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
               f"-> {Path(args.out) / entry['dir']}")
     for number, why in index.get("removed", {}).items():
         print(f"trial {number}: not exported, its checkpoints were removed ({why})")
-    print(f"exported {len(index['trials'])} trial(s) of study {session.config.name} to {args.out} "
+    print(f"exported {count(len(index['trials']), 'trial')} of study {session.config.name} to {args.out} "
           "(best first, index.json)")
     return 0
 
@@ -131,6 +132,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sweep import logs
+    from sweep.words import count
 
     with _open(args) as session:
         logs.setup()
@@ -140,8 +142,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     for path in written:
         if path not in curves:
             print(path)
-    print(f"{out / 'curves'}: learning curves of {len(curves) // 2} trial(s) (PNG + HTML)")
-    print(f"wrote {len(written)} files to {out}")
+    print(f"{out / 'curves'}: learning curves of {count(len(curves) // 2, 'trial')} (PNG + HTML)")
+    print(f"wrote {count(len(written), 'file')} to {out}")
     return 0
 
 

@@ -22,6 +22,7 @@ from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
+from sweep.words import numbered
 from sweep.signals import StopSignal
 
 log = logging.getLogger("sweep")
@@ -307,6 +308,6 @@ def _record_resume(session: Session, trial: optuna.Trial, step: int) -> None:
 def _log_start(session: Session) -> None:
     plan = plan_lib.make(session)
     if plan.finished:
-        log.info("trials %s: finished, skipped", plan_lib.ranges(list(plan.finished)))
+        log.info("%s: finished, skipped", numbered("trial", plan.finished))
     for number, step in sorted(plan.resume.items()):
         log.info("trial %d: interrupted, will resume from %s", number, plan_lib.resume_text(step))
