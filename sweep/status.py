@@ -56,13 +56,16 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
+    best_value = attrs.get("best_value", best_value)
     return {
         "number": t.number,
         "state": _state(t, live),
         "params": t.params,
-        "value": t.value,
+        # the trial's best evaluation, as the table and the log show it: Optuna's value of a trial
+        # told PRUNED is its last report instead; none for FAIL, RUNNING, INTERRUPTED, WAITING
+        "value": t.value if t.state == TrialState.COMPLETE else best_value if t.state == TrialState.PRUNED else None,
         "best_step": attrs.get("best_step", best_step),
-        "best_value": attrs.get("best_value", best_value),
+        "best_value": best_value,
         "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
         "checkpoint_dir": str(folder) if folder is not None and removed is None else None,  # where it is now
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
