@@ -243,7 +243,8 @@ class _Budget:
                 void.append(t.number)
             elif t.number not in kept and (folder.exists() or t.number not in self.gone
                                            or integrity.sums_dir(folder).exists()):
-                why = (f"keep_trials {k}: not among the {k} best COMPLETE trials" if t.state == TrialState.COMPLETE
+                best = f"among the {k} best COMPLETE trials" if k > 1 else "the best COMPLETE trial"
+                why = (f"keep_trials {k}: not {best}" if t.state == TrialState.COMPLETE
                        else f"keep_trials {k}: {t.state.name}")
                 out.append((t, folder, why))
         return out, void

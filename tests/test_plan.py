@@ -70,7 +70,7 @@ def test_plan_lists_what_keep_trials_will_remove_and_removes_nothing(here, capsy
         assert r.steps == saved_steps(checkpoint_dir(study, r.number)) and r.bytes > 0
         steps = f"step {r.steps[0]}" if len(r.steps) == 1 else f"steps {', '.join(map(str, r.steps[:-1]))} and {r.steps[-1]}"
         assert (f"  remove:  the checkpoints of trial {r.number} ({steps}, "
-                f"{retention.size_text(r.bytes)}), by keep_trials 1: not among the 1 best COMPLETE trials") in lines
+                f"{retention.size_text(r.bytes)}), by keep_trials 1: not the best COMPLETE trial") in lines
     total = sum(r.bytes for r in planned)
     assert lines[-1] == (f"run would remove the checkpoints of 2 trials ({retention.size_text(total)}) and train "
                          "nothing: the study is finished (raise n_trials to add trials)")
