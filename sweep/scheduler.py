@@ -22,8 +22,8 @@ from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
-from sweep.words import numbered
 from sweep.signals import StopSignal
+from sweep.words import numbered
 
 log = logging.getLogger("sweep")
 WAIT_POLL_S = 0.5

@@ -7,12 +7,12 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import ledger as ledger_lib
 from sweep import retention
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.continuation import CONTINUED_ATTR, companions
 from sweep.config import sign
-from sweep import ledger as ledger_lib
 from sweep.ledger import RESUMES_ATTR, study_total, summary_line
 from sweep.session import Session
 

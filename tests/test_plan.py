@@ -68,7 +68,8 @@ def test_plan_lists_what_keep_trials_will_remove_and_removes_nothing(here, capsy
     assert len(planned) == 2 and {r.kind for r in planned} == {"trial"}
     for r in planned:
         assert r.steps == saved_steps(checkpoint_dir(study, r.number)) and r.bytes > 0
-        steps = f"step {r.steps[0]}" if len(r.steps) == 1 else f"steps {', '.join(map(str, r.steps[:-1]))} and {r.steps[-1]}"
+        head, last = ", ".join(map(str, r.steps[:-1])), r.steps[-1]
+        steps = f"step {last}" if len(r.steps) == 1 else f"steps {head} and {last}"
         assert (f"  remove:  the checkpoints of trial {r.number} ({steps}, "
                 f"{retention.size_text(r.bytes)}), by keep_trials 1: not the best COMPLETE trial") in lines
     total = sum(r.bytes for r in planned)
@@ -95,7 +96,8 @@ def test_plan_lists_the_steps_max_disk_will_strip(here, capsys):
     kept = saved_steps(checkpoint_dir(study, r.number))
     assert r.kind == "steps" and len(r.steps) == 1 and r.steps[0] in kept
     line = next(line for line in lines if line.startswith("  remove:"))
-    assert re.fullmatch(rf"  remove:  step {r.steps[0]} of trial {r.number} \({re.escape(retention.size_text(r.bytes))}\), "
+    size = re.escape(retention.size_text(r.bytes))
+    assert re.fullmatch(rf"  remove:  step {r.steps[0]} of trial {r.number} \({size}\), "
                         rf"by max_disk [\d.]+ [KMG]?B: all but its best step \d+", line), line
     assert lines[-1].startswith(f"run would remove 1 step of trial {r.number} (")
     run(budget)

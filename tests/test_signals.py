@@ -85,7 +85,8 @@ def test_sigterm_while_a_trial_compiles_exits_at_once_and_saves_nothing_new(writ
     kill9(proc)
     kept = steps_of(study)
     second, seconds = sigterm_while_compiling(study, "cache3", rf"trial 0: resumed from step {kept[-1]}")
-    assert f"trial 0: signal 15 while it starts up" in second.stderr and f"resumes from step {kept[-1]}" in second.stderr
+    assert "trial 0: signal 15 while it starts up" in second.stderr
+    assert f"resumes from step {kept[-1]}" in second.stderr
     assert seconds < GRACE_S, second.stderr
     assert steps_of(study) == kept  # nothing new written
     assert study_of(study).trials[0].state.name == "RUNNING"
