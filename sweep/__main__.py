@@ -102,6 +102,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     with _open(args) as session:
         report = session.status()
+        changed = session.meaning_changes() if args.continued is None else []
+    if changed:  # a reader still reads the study; the file is what `run` would refuse
+        from sweep.fingerprint import mismatch_warning
+
+        print(f"warning: {mismatch_warning(session.config, changed)}", file=sys.stderr)
     print(json.dumps(report, indent=1) if args.json else status.table(report, highlight=sys.stdout.isatty()))
     return 0
 
@@ -110,6 +115,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sweep import logs
+    from sweep.words import count
 
     with _open(args) as session:
         logs.setup(quiet=True)
@@ -119,7 +125,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
               f"-> {Path(args.out) / entry['dir']}")
     for number, why in index.get("removed", {}).items():
         print(f"trial {number}: not exported, its checkpoints were removed ({why})")
-    print(f"exported {len(index['trials'])} trial(s) of study {session.config.name} to {args.out} "
+    print(f"exported {count(len(index['trials']), 'trial')} of study {session.config.name} to {args.out} "
           "(best first, index.json)")
     return 0
 
@@ -128,6 +134,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sweep import logs
+    from sweep.words import count
 
     with _open(args) as session:
         logs.setup()
@@ -137,8 +144,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     for path in written:
         if path not in curves:
             print(path)
-    print(f"{out / 'curves'}: learning curves of {len(curves) // 2} trial(s) (PNG + HTML)")
-    print(f"wrote {len(written)} files to {out}")
+    print(f"{out / 'curves'}: learning curves of {count(len(curves) // 2, 'trial')} (PNG + HTML)")
+    print(f"wrote {count(len(written), 'file')} to {out}")
     return 0
 
 
@@ -168,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage; its code is 2 for errors, 0 for --help
         return int(exc.code or 0)
+    from sweep import logs
+
+    logs.route_warnings(verbose=getattr(args, "verbose", False))
     try:
         return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "plot": _cmd_plot,
                 "plan": _cmd_plan, "drill": _cmd_drill,

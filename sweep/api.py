@@ -63,7 +63,10 @@ class StudySession(Session):
         check_config(config)
         logs.setup(quiet, verbose)
         self.check_before_run()
-        stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=_exit_on_signal)
+        # The quick exit of a run still starting up only where this process runs every trial
+        # (no helper process or Dask worker whose trials it would cut off).
+        stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=_exit_on_signal,
+                          quick_exit=n_jobs == 1 and config.study.parallel.backend != "dask")
         if threading.current_thread() is threading.main_thread():
             stop.install()  # elsewhere a Python signal handler cannot be set; the caller stops it
         try:

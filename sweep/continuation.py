@@ -76,9 +76,6 @@ class ContinuingSession(StudySession):
             self._seed_numbers[number] = int(self.trial(number).user_attrs[CONTINUED_ATTR]["number"])
         return self._seed_numbers[number]
 
-    def first_step(self, number: int) -> int:
-        return int(self.trial(number).user_attrs[CONTINUED_ATTR]["last_step"])
-
     def prepare_trial(self, number: int, trial: optuna.Trial, folder: Path) -> bool:
         """Carry the continued trial's kept checkpoints, reports and evaluations over (once; a kill
         midway is finished by the next run). True if anything was done."""
@@ -122,7 +119,9 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def choose(session: Session, steps: int, top: int | None, numbers: list[int] | None) -> list[FrozenTrial]:
-    """The trials to continue, checked: COMPLETE, fewer steps than `steps`, last step kept.
+    """The trials to continue, checked: fewer steps than `steps`; COMPLETE with its last step
+    kept, or (named by `numbers`) PRUNED with a step kept, which it continues from (the steps
+    after it are trained again, bit-identically, and not reported twice).
 
     Raises:
         UsageError: any chosen trial cannot be continued (nothing is created).
@@ -138,11 +137,14 @@ def choose(session: Session, steps: int, top: int | None, numbers: list[int] | N
         if not chosen:
             raise UsageError(f"study {config.name!r} has no COMPLETE trial to continue")
     else:
-        by_number = {t.number: t for t in complete}
+        # A pruned trial may be worth training on (Optuna's pruners end trials for good; its
+        # checkpoints say otherwise); --top takes COMPLETE trials only.
+        by_number = {t.number: t for t in session.trials((TrialState.COMPLETE, TrialState.PRUNED))}
         states = session.trial_states()
         for n in numbers or []:
             if n not in by_number:
-                why = "it does not exist" if n not in states else f"it is {states[n].name}, not COMPLETE"
+                why = ("it does not exist" if n not in states
+                       else f"it is {states[n].name}, neither COMPLETE nor PRUNED")
                 raise UsageError(f"cannot continue trial {n} of study {config.name!r}: {why}")
         chosen = [by_number[n] for n in sorted(set(numbers or []))]
     removed = retention.removed(session)
@@ -153,7 +155,7 @@ def choose(session: Session, steps: int, top: int | None, numbers: list[int] | N
         if steps <= last:
             raise UsageError(f"cannot continue trial {t.number} to {steps} steps: it has trained {last} already "
                              "(--steps must be more)")
-        if kept != last:
+        if kept != last and not (t.state == TrialState.PRUNED and kept is not None):
             where = f"its checkpoints were removed ({removed[t.number]})" if t.number in removed else (
                 f"its newest kept step is {kept}" if kept is not None else f"no checkpoint of it is in {folder}")
             raise UsageError(f"cannot continue trial {t.number}: its last step {last} was not kept ({where})")

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from sweep import retention
 from sweep.best import best_state, best_step, metrics_at, train_loss_at
+from sweep.continuation import CONTINUED_ATTR
 from sweep.errors import SweepError
 from sweep.export_format import flatten
 from sweep.session import Session
@@ -112,6 +113,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  "metrics": metrics_at(t, step, metric) or {metric: value},
                  "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
                  "collections": sorted(variables),  # model state beside the params, in state.safetensors
+                 # a trial of a companion study: the trial `continue` trained further
+                 **({"continued_from": t.user_attrs[CONTINUED_ATTR]} if CONTINUED_ATTR in t.user_attrs else {}),
                  **provenance(config)}
         _write(folder / "params.safetensors", save(flatten(params)))
         if variables:  # keys like "batch_stats/BatchNorm_0/mean"

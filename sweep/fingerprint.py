@@ -60,12 +60,24 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, An
 
 def refusal(config: Config, storage: str, found: list[tuple[str, Any, Any]]) -> ConfigError:
     """The exit-2 error for a study file whose trial-defining keys changed."""
-    lines = "\n".join(f"  {key}: {show(a)} -> {show(b)}" for key, a, b in found)
+    lines = diff_lines(found)
     rule = (f"study {config.name!r} (in {storage}) was started from a different study file: keys that define "
             f"what its trials mean changed; refused, nothing was created or changed:\n{lines}\n"
             f"Keys that only steer the run may change ({', '.join(STEERING)}). Put the old values back to "
             "continue this study, or give the study a new name to start another")
     return ConfigError(str(config.path), "", rule)
+
+
+def mismatch_warning(config: Config, found: list[tuple[str, Any, Any]]) -> str:
+    """What a reader (`status`) says of a study file that `run` would refuse: the same diff."""
+    return (f"{config.path}: this file no longer matches study {config.name!r}: keys that define what its "
+            f"trials mean changed, so run refuses it (exit 2); shown is the study as it ran:\n"
+            f"{diff_lines(found)}")
+
+
+def diff_lines(found: list[tuple[str, Any, Any]]) -> str:
+    """'  key: old -> new', one line per changed key."""
+    return "\n".join(f"  {key}: {show(a)} -> {show(b)}" for key, a, b in found)
 
 
 def show(value: Any) -> str:

@@ -12,6 +12,11 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 LEDGER_ATTR = "ledger"
+# Trial user attribute: its interruptions, i.e. runs of it that ended without the trial finishing
+# (a kill, a signal, a crash, a machine fault, a lost lease), at whatever step, also while it was
+# building its state or compiling before its first step. Counted by the run that takes the trial
+# up again (a kill -9 records nothing); a retry after the trial's own failure is not one.
+RESUMES_ATTR = "resumes"
 LEDGER_WRITE_SECONDS = 10.0
 # Seconds, each measured on the training thread; `waiting` is the rest of the run's wall time
 # (building the state, loading data, the storage, the writer at the last step, the pipeline).
@@ -25,31 +30,36 @@ KEYS = (*PARTS, "checkpoint_background", "wall", "lost", "lost_steps", "interrup
 class RunLedger:
     """The account of one run of a trial; `total()` adds the trial's earlier runs.
 
-    `lost_steps` are the steps this run trains again; `lost` is the time the run took to get back to the step the trial had reached before it was
-    interrupted (the newest reported evaluation: exact within `eval_every` steps), counted from the
-    run's start, so it includes the restart itself (building the state, restoring, compiling).
+    A run that takes the trial up after an interruption (`resumed`) measures what it cost:
+    `lost_steps` are the steps it trains again; `lost` is the time it took to get back to the step
+    the trial had reached before (the newest reported evaluation, or the restored step: exact
+    within `eval_every` steps), counted from the run's start, so it includes the restart itself
+    (building the state, restoring, compiling). `interruptions` is the trial's count so far
+    (`RESUMES_ATTR`, this run's included), stored with the account so that the two agree.
     """
 
     def __init__(self, before: Mapping[str, float] | None,
-                 write: Callable[[dict[str, float]], None] | None = None, first_step: int = 0) -> None:
+                 write: Callable[[dict[str, float]], None] | None = None, interruptions: int = 0,
+                 resumed: bool = False) -> None:
         self.before = {k: float(v) for k, v in (before or {}).items() if k in KEYS}
         self.start = time.monotonic()
         self.parts = dict.fromkeys(PARTS, 0.0)
         self.background = 0.0
-        self.reached: int | None = None  # the step reached before the interruption; None on a first run
+        self.reached: int | None = None  # the step reached before the interruption; None if not resumed
         self.lost: float | None = 0.0
         self.lost_steps = 0
         self._write = write
         self._written = self.start
-        self.first_step = first_step  # where the trial's own training began (a continued trial: later)
+        self.interruptions = interruptions
+        self.resumed = resumed
         self.saves: dict[str, float] = dict.fromkeys(SAVE_KEYS, 0.0)  # set by the loop (Cadence.counts)
 
     def started_at(self, step: int, reached: int) -> None:
         """This run starts at `step` (restored, or 0) of a trial that had reached `reached`
-        before: an interruption if that is past where the trial's training began; the work up to
-        `reached` is done again."""
-        if reached <= self.first_step:
+        before; after an interruption the work from `step` up to `reached` is done again."""
+        if not self.resumed:
             return
+        reached = max(reached, step)
         self.reached, self.lost, self.lost_steps = reached, None, reached - step
         self.at_step(step)
 
@@ -75,8 +85,10 @@ class RunLedger:
         parts["waiting"] = max(0.0, wall - sum(v for k, v in parts.items() if k != "waiting"))
         mine = {**parts, "checkpoint_background": self.background, "wall": wall,
                 "lost": self.lost if self.lost is not None else wall, "lost_steps": float(self.lost_steps),
-                "interruptions": 1.0 if self.reached is not None else 0.0, **self.saves}
-        return {k: round(self.before.get(k, 0.0) + mine[k], 4) for k in KEYS}
+                "interruptions": 0.0, **self.saves}
+        total = {k: round(self.before.get(k, 0.0) + mine[k], 4) for k in KEYS}
+        total["interruptions"] = float(self.interruptions)  # a count of the trial's, not a sum of runs
+        return total
 
     def finish(self) -> None:
         if self._write is not None:
@@ -92,6 +104,17 @@ class _Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.ledger.add(self.part, time.monotonic() - self.t0)
+
+
+def of_trial(attrs: Mapping[str, Any]) -> dict[str, float] | None:
+    """A trial's ledger as readers show it (from its user attributes), its `interruptions` the
+    trial's `RESUMES_ATTR`: the one count of interruptions (a ledger written before a kill -9
+    may lag it). None for a trial without either."""
+    ledger = attrs.get(LEDGER_ATTR)
+    resumes = int(attrs.get(RESUMES_ATTR, 0))
+    if not ledger and not resumes:
+        return None
+    return {**dict.fromkeys(KEYS, 0.0), **(ledger or {}), "interruptions": float(resumes)}
 
 
 def study_total(ledgers: Iterable[Mapping[str, float] | None]) -> dict[str, float] | None:

@@ -33,15 +33,25 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     # exit unretrieved, and asyncio logs it with its traceback (at ERROR): the restore error itself
     # is reported to the user, so this echo is library noise too.
     logging.getLogger("asyncio").setLevel(logging.INFO if verbose else logging.CRITICAL)
-    # Python warnings of the libraries (Optuna's "value out of range", JAX's, Orbax's) are library
-    # noise like their logs: on sweep's stderr with --verbose, otherwise not shown.
+    route_warnings(verbose, handler)
+    if not verbose:
+        sys.unraisablehook = _quiet_closed_loop
+
+
+def route_warnings(verbose: bool, handler: logging.Handler | None = None) -> None:
+    """Python warnings of the libraries (Optuna's FutureWarning and ExperimentalWarning, JAX's,
+    Orbax's) are library noise like their logs: on stderr with --verbose, otherwise not shown.
+
+    Called by the CLI before anything is imported or opened (a sampler warns as it is built,
+    before `setup` runs), and again by `setup` in every process that runs trials (workers)."""
+    if handler is None:
+        handler = _StderrHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[sweep %(asctime)s] %(message)s", "%H:%M:%S"))
     logging.captureWarnings(True)
     warned = logging.getLogger("py.warnings")
     warned.handlers[:] = [handler]
     warned.propagate = False
     warned.setLevel(logging.WARNING if verbose else logging.CRITICAL)
-    if not verbose:
-        sys.unraisablehook = _quiet_closed_loop
 
 
 def _quiet_closed_loop(unraisable: Any) -> None:

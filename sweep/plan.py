@@ -10,13 +10,15 @@ import collections
 import dataclasses
 from typing import Any
 
-from sweep import fingerprint
+from sweep import fingerprint, retention
 from sweep.best import checkpoint_folder
 from sweep.cadence import describe
 from sweep.checkpoints import newest_step
 from sweep.config import Config
 from sweep.samplers import sampler_notes
 from sweep.session import FINISHED, Session
+from sweep.words import count, listing, numbered
+from sweep.words import size as size_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,8 @@ class Plan:
     refused: list[tuple[str, Any, Any]]  # changed trial-defining keys: `run` exits 2
     code: dict[str, str]  # the trial module's fingerprint now
     stored_code: dict[str, str] | None  # ... and when the study ran last
+    # what the disk budget (keep_trials, max_disk) removes as `run` starts (sweep/retention.py)
+    removals: list[retention.Removal] = dataclasses.field(default_factory=list)
 
     @property
     def code_changed(self) -> bool:
@@ -63,6 +67,7 @@ def make(session: Session) -> Plan:
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),
+        removals=retention.planned(session),
     )
 
 
@@ -84,49 +89,62 @@ def code_warning(plan: Plan) -> str:
 
 
 def text(config: Config, plan: Plan) -> str:
-    """The plan as `python -m sweep plan` prints it."""
+    """The plan as `python -m sweep plan` prints it: a line per decision, each a sentence."""
     head = f"study {config.name} ({config.storage})"
+    sampled = f"sampled by {config.study.sampler.type}"
+    notes = [f"  note:    {note}" for _, note in sampler_notes(config)] if plan.new else []
     if not plan.exists:
-        notes = "".join(f"  note:    {note}\n" for _, note in sampler_notes(config))
-        return (f"{head}: new study\n"
-                f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, sampled by {config.study.sampler.type}\n"
-                f"{notes}  saves:   {describe(config.study.checkpoint)}\n"
-                f"run would create the study and train {plan.new} trial(s)")
+        return "\n".join([f"{head}: not created yet", f"  new:     {numbered('trial', range(plan.new))}, {sampled}",
+                          *notes, f"  saves:   {describe(config.study.checkpoint)}",
+                          f"run would create the study and train {count(plan.new, 'trial')}"])
     if plan.refused:
-        lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
         return (f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean "
-                f"changed:\n{lines}")
-    counts = collections.Counter(plan.finished.values())
-    lines = [f"{head}: {len(plan.finished)} of {config.study.n_trials} trial(s) finished"]
+                f"changed:\n{fingerprint.diff_lines(plan.refused)}")
+    lines = [f"{head}: {len(plan.finished)} of {count(config.study.n_trials, 'trial')} finished"]
     if plan.finished:
-        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        lines.append(f"  skip:    trials {ranges(list(plan.finished))} ({states})")
+        counts = collections.Counter(plan.finished.values())
+        states = ", ".join(f"{n} {state}" if len(plan.finished) > 1 else state for state, n in sorted(counts.items()))
+        lines.append(f"  skip:    {numbered('trial', plan.finished)}, finished ({states})")
     for number, step in sorted(plan.resume.items()):
         lines.append(f"  resume:  trial {number} from {resume_text(step)}")
     if plan.live:
-        lines.append(f"  running: trials {ranges(plan.live)} (a live worker has them; left to it)")
+        them = "it" if len(plan.live) == 1 else "them"
+        lines.append(f"  running: {numbered('trial', plan.live)} (a live worker has {them}; left to it)")
     if plan.new:
-        last = plan.first_new + plan.new - 1
-        numbers = f"number {last}" if plan.new == 1 else f"numbers {plan.first_new}-{last}"
-        lines.append(f"  new:     {plan.new} trial(s), {numbers}, sampled by {config.study.sampler.type}")
+        lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, {sampled}")
+    lines += [f"  remove:  {removal_text(r)}" for r in plan.removals]
     if plan.code_changed:
         lines.append(f"  warning: {code_warning(plan)}")
-    if plan.new:
-        lines += [f"  note:    {note}" for _, note in sampler_notes(config)]
+    lines += notes
     if plan.has_work:
         lines.append(f"  saves:   {describe(config.study.checkpoint)}")
-    lines.append(f"run would resume {len(plan.resume)} and start {plan.new} trial(s)" if plan.has_work
-                 else "run would do nothing: the study is finished (raise n_trials to add trials)")
+    lines.append(f"run would {_verdict(plan)}")
     return "\n".join(lines)
 
 
-def ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    out, start = [], None
-    numbers = sorted(numbers)
-    for i, n in enumerate(numbers):
-        start = n if start is None else start
-        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
-            out.append(str(n) if start == n else f"{start}-{n}")
-            start = None
-    return ", ".join(out)
+def removal_text(r: retention.Removal) -> str:
+    """'the checkpoints of trial 3 (steps 20 and 40, 8.1 KB), by keep_trials 2: ...'."""
+    steps = f"{'step' if len(r.steps) == 1 else 'steps'} {listing(r.steps)}" if r.steps else "no committed step"
+    if r.kind == "trial":
+        return f"the checkpoints of trial {r.number} ({steps}, {size_text(r.bytes)}), by {r.why}"
+    return f"{steps} of trial {r.number} ({size_text(r.bytes)}), by {r.why}"
+
+
+def _verdict(plan: Plan) -> str:
+    """What `run` would do, after 'run would'."""
+    work = [part for part in (f"resume {count(len(plan.resume), 'trial')}" if plan.resume else "",
+                              f"start {count(plan.new, 'new trial')}" if plan.new else "") if part]
+    removes = ""
+    if plan.removals:
+        whole = [r for r in plan.removals if r.kind == "trial"]
+        stripped = [r for r in plan.removals if r.kind == "steps"]
+        parts = [f"the checkpoints of {count(len(whole), 'trial')}" if whole else "",
+                 f"{count(sum(len(r.steps) for r in stripped), 'step')} of "
+                 f"{numbered('trial', [r.number for r in stripped])}" if stripped else ""]
+        removes = (f"remove {' and '.join(p for p in parts if p)} "
+                   f"({size_text(sum(r.bytes for r in plan.removals))})")
+    if work:
+        return (f"{removes} first, then " if removes else "") + " and ".join(work)
+    if removes:
+        return f"{removes} and train nothing: the study is finished (raise n_trials to add trials)"
+    return "do nothing: the study is finished (raise n_trials to add trials)"

@@ -15,6 +15,7 @@ crash-safe and never pulls a step from under a reader:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -26,6 +27,7 @@ from typing import Any, Iterator
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import integrity
+from sweep.words import size as size_text
 from sweep.errors import DiskFault, SweepError
 
 log = logging.getLogger("sweep")
@@ -72,8 +74,12 @@ def removed_message(number: int, folder: Path, removed: str | None) -> str:
 
 def folder_bytes(folder: Path) -> int:
     """Disk space taken under `folder`, as `du` counts it (allocated blocks of files and folders;
-    0 if it does not exist): what fills a disk, not the files' lengths."""
-    total = 0
+    0 if it does not exist): what fills a disk, not the files' lengths. The folder itself counts
+    too: its removal frees it."""
+    try:
+        total = os.lstat(folder).st_blocks * 512
+    except OSError:
+        return 0
     for root, dirs, names in os.walk(folder):
         for name in (*dirs, *names):
             with contextlib.suppress(OSError):
@@ -147,7 +153,7 @@ def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
         with contextlib.suppress(Exception):
             session.remote.prune(folder, everything=True)
     if freed:
-        log.info("trial %d: checkpoints removed (%s), %s freed", t.number, why, _size(freed))
+        log.info("trial %d: checkpoints removed (%s), %s freed", t.number, why, size_text(freed))
     return freed
 
 
@@ -169,7 +175,7 @@ def remove_steps(session: Any, t: FrozenTrial, folder: Path, keep: set[int]) -> 
             session.remote.prune(folder)
     if freed:
         log.info("trial %d: steps other than %s removed (checkpoint.max_disk), %s freed", t.number,
-                 sorted(keep), _size(freed))
+                 sorted(keep), size_text(freed))
     return freed
 
 
@@ -197,6 +203,113 @@ def _ranked(session: Any, finished: list[FrozenTrial]) -> list[FrozenTrial]:
     return sorted(complete, key=lambda t: (sign * t.value, t.number))
 
 
+@dataclasses.dataclass(frozen=True)
+class Removal:
+    """What the disk budget removes of one finished trial: its whole folder ("trial", by
+    keep_trials) or its committed steps other than the best ("steps", by max_disk)."""
+    number: int
+    kind: str  # "trial" | "steps"
+    steps: list[int]  # the committed steps removed
+    bytes: int  # as `du` counts them, checksums and quarantine included
+    why: str
+
+
+class _Budget:
+    """The study's finished trials as the budget sees them: ranked, with their folders."""
+
+    def __init__(self, session: Any) -> None:
+        from sweep.best import checkpoint_folder
+
+        self.config = session.config.study.checkpoint
+        self.finished = session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        self.ranked = _ranked(session, self.finished)
+        self.folders = {t.number: checkpoint_folder(session.config, t) for t in self.finished}
+        self.gone = removed(session)
+
+    def outside_keep(self) -> tuple[list[tuple[FrozenTrial, Path, str]], list[int]]:
+        """(trial, folder, why) of the finished trials outside the `keep_trials` best, and the
+        numbers whose recorded removal is void: a kill cut it short before the rename and the
+        trial is back in the top K (keep_trials raised), its checkpoints whole."""
+        k = self.config.keep_trials
+        if k is None:
+            return [], []
+        kept = {t.number for t in self.ranked[:k]}
+        out, void = [], []
+        for t in self.finished:
+            folder = self.folders[t.number]
+            if folder is None:
+                continue
+            if t.number in kept and t.number in self.gone and folder.exists():
+                void.append(t.number)
+            elif t.number not in kept and (folder.exists() or t.number not in self.gone
+                                           or integrity.sums_dir(folder).exists()):
+                best = f"among the {k} best COMPLETE trials" if k > 1 else "the best COMPLETE trial"
+                why = (f"keep_trials {k}: not {best}" if t.state == TrialState.COMPLETE
+                       else f"keep_trials {k}: {t.state.name}")
+                out.append((t, folder, why))
+        return out, void
+
+    def strippable(self, skip: set[int]) -> list[tuple[FrozenTrial, Path, int]]:
+        """(trial, folder, best step) in the order max_disk strips them: trials without a value
+        (PRUNED, FAIL) first, then COMPLETE ones from the worst; `skip`: removed whole."""
+        worst_first = [t for t in self.finished if t not in self.ranked] + list(reversed(self.ranked))
+        out = []
+        for t in worst_first:
+            folder, best = self.folders[t.number], t.user_attrs.get("best_step")
+            if t.number not in skip and folder is not None and folder.exists() and best is not None:
+                out.append((t, folder, int(best)))
+        return out
+
+
+def _trial_bytes(folder: Path) -> int:
+    return sum(folder_bytes(f) for f in (folder, integrity.sums_dir(folder), integrity.quarantine_dir(folder)))
+
+
+def _steps_of(folder: Path, keep: set[int]) -> tuple[list[int], int]:
+    """The committed steps of `folder` other than `keep`, and their bytes with their checksums."""
+    from sweep.checkpoints import kept_steps
+
+    steps = [s for s in kept_steps(folder) if s not in keep]
+    total = 0
+    for step in steps:
+        total += folder_bytes(folder / str(step))
+        with contextlib.suppress(OSError):
+            total += integrity.checksum_file(folder, step).stat().st_size
+    return steps, total
+
+
+def planned(session: Any) -> list[Removal]:
+    """What `enforce` would remove now, at the start of a run (`plan` shows it). Removes nothing.
+
+    A removal the run makes later (a trial that finishes pushes another out of the budget) is
+    not listed: it depends on results not there yet."""
+    from sweep.checkpoints import kept_steps
+
+    c = session.config.study.checkpoint
+    if c.keep_trials is None and c.max_disk is None:
+        return []
+    budget = _Budget(session)
+    out = []
+    for t, folder, why in budget.outside_keep()[0]:
+        steps = kept_steps(folder) if folder.exists() else []
+        size = _trial_bytes(folder)
+        if steps or size:
+            out.append(Removal(t.number, "trial", steps, size, why))
+    if c.max_disk is None:
+        return out
+    whole = {r.number for r in out}
+    used = study_bytes(session) - sum(r.bytes for r in out)
+    for t, folder, best in budget.strippable(whole):
+        if used <= c.max_disk:
+            break
+        steps, size = _steps_of(folder, {best})
+        if steps:
+            out.append(Removal(t.number, "steps", steps, size,
+                               f"max_disk {size_text(c.max_disk)}: all but its best step {best}"))
+            used -= size
+    return out
+
+
 def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
     """Apply keep_trials, then (if `max_disk` is set) make the study's checkpoints fit with
     `needed` more bytes; returns the study's checkpoint bytes after that (0 without max_disk).
@@ -204,47 +317,27 @@ def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
 
     Order (README, "A disk budget for the study"): finished trials outside the `keep_trials` best
     lose their folders; then, over `max_disk`, finished trials from the worst lose their steps other
-    than their best. Running and interrupted trials keep everything.
+    than their best. Running and interrupted trials keep everything. `planned` lists the same.
     """
-    from sweep.best import checkpoint_folder
-
     config = session.config
     c = config.study.checkpoint
     if leftovers:  # at the start of a run (a scan of every trial folder)
         _leftovers(config.workdir / "checkpoints")
     if c.keep_trials is None and c.max_disk is None:
         return 0
-    finished = session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
-    ranked = _ranked(session, finished)
-    folders = {t.number: checkpoint_folder(config, t) for t in finished}
-    if c.keep_trials is not None:
-        kept = {t.number for t in ranked[: c.keep_trials]}
-        gone = removed(session)
-        for t in finished:
-            folder = folders[t.number]
-            if folder is None:
-                continue
-            if t.number in kept and t.number in gone and folder.exists():
-                # Recorded by a removal a kill cut short before the rename, and back in the top K
-                # (keep_trials raised): its checkpoints are whole, so it keeps them.
-                session.set_study_attr(f"{REMOVED_ATTR}{t.number}", None)
-            elif t.number not in kept and (folder.exists() or t.number not in gone
-                                           or integrity.sums_dir(folder).exists()):
-                why = (f"keep_trials {c.keep_trials}: not among the {c.keep_trials} best COMPLETE trials"
-                       if t.state == TrialState.COMPLETE else f"keep_trials {c.keep_trials}: {t.state.name}")
-                remove_trial(session, t, folder, why)
+    budget = _Budget(session)
+    outside, void = budget.outside_keep()
+    for number in void:
+        session.set_study_attr(f"{REMOVED_ATTR}{number}", None)
+    for t, folder, why in outside:
+        remove_trial(session, t, folder, why)
     if c.max_disk is None:
         return 0
     used = study_bytes(session)
-    # Trials without a value (PRUNED, FAIL) first, then COMPLETE ones from the worst.
-    worst_first = [t for t in finished if t not in ranked] + list(reversed(ranked))
-    for t in worst_first:
+    for t, folder, best in budget.strippable(set()):
         if used + needed <= c.max_disk:
             break
-        folder = folders[t.number]
-        best = t.user_attrs.get("best_step")
-        if folder is not None and folder.exists() and best is not None:
-            used -= remove_steps(session, t, folder, {int(best)})
+        used -= remove_steps(session, t, folder, {best})
     return used
 
 
@@ -267,15 +360,7 @@ def make_room(session: Any, number: int, step: int, needed: int, folder: Path) -
     if used + needed > cap:
         raise DiskFault(
             f"trial {number}: cannot write its checkpoint of step {step} to {folder}: checkpoint.max_disk "
-            f"{_size(cap)} would be exceeded (the study's checkpoints take {_size(used)}, the step needs "
-            f"~{_size(needed)}) and nothing more can be removed (running trials and the best step of every "
+            f"{size_text(cap)} would be exceeded (the study's checkpoints take {size_text(used)}, the step needs "
+            f"~{size_text(needed)}) and nothing more can be removed (running trials and the best step of every "
             "finished trial are kept); its committed steps are intact and it stays resumable: raise "
             "max_disk, or lower keep_trials or keep_last, and run the same command")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"

@@ -110,6 +110,7 @@ def run_trial(
     batches: Batches | None = None  # a streaming trial's training batches (sweep/stream.py)
     ledger = ledger or RunLedger(None)
     seed_number = number if seed_number is None else seed_number
+    stop.trial_starting(number)  # until its first new step, a signal has nothing new to save
     try:
         fresh = initial_state(config, seed_number, hp)
         state, data = fresh.state, fresh.data
@@ -126,6 +127,7 @@ def run_trial(
         with ledger.timed("restoring"):
             start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
         ledger.started_at(start or 0, max([*reported, start or 0]))
+        stop.trial_starting(number, start or 0)
         state = jax.device_put({**state, **restored}, place)  # a step saved before an optional key existed lacks it
         if start is not None:
             log.info("trial %d: resumed from step %d", number, start)
@@ -196,6 +198,11 @@ def run_trial(
                     with ledger.timed("checkpoint_blocking"):
                         _flush(ckpt, best, None)
                     return Outcome("PRUNED", _best_step(best), best.value, step)
+            if stop.signum is not None and step == (start or 0) and step < total:
+                # No step trained in this run: nothing new to save, the newest checkpoint stays it.
+                log.warning("trial %d: stopped before its first new step: nothing new to save, it resumes from "
+                            "step %d on the next run", number, step)
+                stop.check()
             must = step == total or stop.signum is not None
             if must or (cadence.due(step) and not cadence.defer(ckpt)):
                 with ledger.timed("checkpoint_blocking"):
@@ -221,9 +228,9 @@ def run_trial(
             while not _decision_at(end, total, eval_every, cadence, stop):
                 window_data, after = window_of(end)
                 ahead = fns.dispatch(*out[:4], key, window_data, end, after - end)  # donates out's state
-                step = _finish_window(fns, out, number, step, end, on_step)
+                step = _finish_window(fns, out, number, step, end, on_step, stop)
                 out, end = ahead, after
-            step = _finish_window(fns, out, number, step, end, on_step)
+            step = _finish_window(fns, out, number, step, end, on_step, stop)
             ledger.add("training", time.monotonic() - windows_start)
             ledger.at_step(step)
             params, opt_state, model_state, loss_sum, _ = out
@@ -236,6 +243,7 @@ def run_trial(
         ckpt.wait()
         raise
     finally:
+        stop.trial_ended(number)
         if batches is not None:
             batches.close()
         if on_step is not None:
@@ -261,9 +269,10 @@ def _decision_at(step: int, total: int, eval_every: int, cadence: Cadence, stop:
 
 
 def _finish_window(fns: compiled.Functions, out: Any, number: int, start: int, end: int,
-                   on_step: Callable[[int, int], None] | None) -> int:
+                   on_step: Callable[[int, int], None] | None, stop: StopSignal) -> int:
     """Wait for the window [start, end); fail the trial if its training loss is not finite."""
     fns.finish(out, end - start)
+    stop.trial_trained(number)
     loss_sum = float(out[3])
     if not math.isfinite(loss_sum):
         raise NonFiniteMetric(f"trial {number}: the training loss is {loss_sum} in steps {start + 1}-{end} "

@@ -15,6 +15,7 @@ from optuna.samplers import BaseSampler
 
 from sweep.config import PRUNER_CLASSES, SAMPLER_CLASSES, CategoricalParam, Config, FloatParam, IntParam
 from sweep.errors import ConfigError
+from sweep.words import count
 
 
 def suggest_all(config: Config, trial: optuna.Trial) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def sampler_notes(config: Config) -> list[tuple[int, str]]:
     size = grid_size(config)
     if size is not None:
         notes.append((logging.INFO if n_trials >= size else logging.WARNING,
-                      f"sampler grid: {size} grid point(s); n_trials {n_trials} covers "
+                      f"sampler grid: {count(size, 'grid point')}; n_trials {n_trials} covers "
                       f"{'all of them' if n_trials >= size else f'{n_trials} of them'}"))
     return notes
 

@@ -18,11 +18,12 @@ from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
-from sweep.ledger import LEDGER_ATTR, RunLedger
+from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal
+from sweep.words import numbered
 
 log = logging.getLogger("sweep")
 WAIT_POLL_S = 0.5
@@ -94,7 +95,7 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     trial = session.ask()
     claims.try_take(claims.key(trial.number))
     trial.set_user_attr("checkpoint_dir", str(config.checkpoint_dir(trial.number)))
-    trial.set_user_attr("resumes", 0)
+    trial.set_user_attr(RESUMES_ATTR, 0)
     return Claimed(trial.number, adopted=False)
 
 
@@ -123,8 +124,11 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
     try:
         frozen = session.trial(claimed.number)
         trial = session.handle(claimed.number)
+        # Taken up after an interruption (its last run ended without finishing it): counted here,
+        # before anything else, since the run that was cut off could record nothing.
+        resumes = int(frozen.user_attrs.get(RESUMES_ATTR, 0)) + int(claimed.adopted)
         if claimed.adopted:
-            trial.set_user_attr("resumes", int(frozen.user_attrs.get("resumes", 0)) + 1)
+            trial.set_user_attr(RESUMES_ATTR, resumes)
         # Resolved from the workdir, not the attribute: a study folder moved or copied as a whole
         # resumes from its new place and writes nothing at the old one. The attribute (for Optuna
         # readers) is set anew wherever it differs, also for a trial killed between ask and set.
@@ -144,7 +148,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
             frozen = session.trial(claimed.number)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence)
+        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence, (resumes, claimed.adopted))
         fence()  # before the tell
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -166,11 +170,14 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
 
 
 def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any],
-              ckpt_dir: Path, stop: StopSignal, fence: Callable[[], None]) -> Outcome | None:
+              ckpt_dir: Path, stop: StopSignal, fence: Callable[[], None],
+              interrupted: tuple[int, bool]) -> Outcome | None:
     """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
 
     Failures are counted in the `failures` user attribute, so a restart does not reset the count.
+    `interrupted`: (the trial's interruptions so far, whether this run takes it up after one).
     """
+    resumes, resumed = interrupted
     config = session.config
     number, failures = frozen.number, int(frozen.user_attrs.get("failures", 0))
     while True:
@@ -210,8 +217,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                                 dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
                                 on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
                                 on_data_shapes=on_data_shapes, seed_number=session.seed_number(number),
-                                ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger,
-                                                 first_step=session.first_step(number)))
+                                ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
+                                                 resumed=resumed))
             fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
@@ -236,6 +243,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             if not retry:
                 return None
             frozen = session.trial(number)  # the failed attempt's new reports
+            resumed = False  # a retry after the trial's own failure is no interruption
         finally:
             ckpt.close()
 
@@ -300,6 +308,6 @@ def _record_resume(session: Session, trial: optuna.Trial, step: int) -> None:
 def _log_start(session: Session) -> None:
     plan = plan_lib.make(session)
     if plan.finished:
-        log.info("trials %s: finished, skipped", plan_lib.ranges(list(plan.finished)))
+        log.info("%s: finished, skipped", numbered("trial", plan.finished))
     for number, step in sorted(plan.resume.items()):
         log.info("trial %d: interrupted, will resume from %s", number, plan_lib.resume_text(step))

@@ -193,10 +193,6 @@ class Session:
         """The trial number whose keys and data order trial `number` uses (its own)."""
         return number
 
-    def first_step(self, number: int) -> int:
-        """The step trial `number`'s own training began at (0; a continued trial: later)."""
-        return 0
-
     def prepare_trial(self, number: int, trial: optuna.Trial, folder: Path) -> bool:
         """Before trial `number` runs (also when adopted): anything it needs first; True if it
         changed the trial's record. Nothing here (a continuation carries its history over)."""

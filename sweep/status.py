@@ -7,13 +7,14 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import ledger as ledger_lib
 from sweep import retention
 from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
 from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
-from sweep.continuation import companions
+from sweep.continuation import CONTINUED_ATTR, companions
 from sweep.config import sign
-from sweep.ledger import LEDGER_ATTR, study_total, summary_line
+from sweep.ledger import RESUMES_ATTR, study_total, summary_line
 from sweep.session import Session
 
 
@@ -56,28 +57,33 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
+    best_value = attrs.get("best_value", best_value)
     return {
         "number": t.number,
         "state": _state(t, live),
         "params": t.params,
-        "value": t.value,
+        # the trial's best evaluation, as the table and the log show it: Optuna's value of a trial
+        # told PRUNED is its last report instead; none for FAIL, RUNNING, INTERRUPTED, WAITING
+        "value": t.value if t.state == TrialState.COMPLETE else best_value if t.state == TrialState.PRUNED else None,
         "best_step": attrs.get("best_step", best_step),
-        "best_value": attrs.get("best_value", best_value),
+        "best_value": best_value,
         "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
         "checkpoint_dir": str(folder) if folder is not None and removed is None else None,  # where it is now
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
         "checkpoints_removed": removed,
-        "resumes": int(attrs.get("resumes", 0)),
+        "resumes": int(attrs.get(RESUMES_ATTR, 0)),  # its interruptions (sweep/ledger.py)
+        # {"study", "number", "last_step"} of the trial `continue` trained further (companion studies)
+        "continued_from": attrs.get(CONTINUED_ATTR),
         "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
         "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
         # XLA compilations, executables from the persistent cache and compile seconds, all its runs
         "compiles": attrs.get(COMPILES_ATTR),
         # seconds training, evaluating, compiling, restoring, checkpointing (blocking, background),
         # waiting, wall, lost to interruptions, and their number, over all its runs
-        "ledger": attrs.get(LEDGER_ATTR),
+        "ledger": ledger_lib.of_trial(attrs),
         # the mean steps and seconds between its saves and the saves the write budget deferred
         # (null before its first save)
-        "checkpoint_interval": effective_interval(attrs.get(LEDGER_ATTR)),
+        "checkpoint_interval": effective_interval(attrs.get(ledger_lib.LEDGER_ATTR)),
     }
 
 
@@ -90,14 +96,16 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     remote = any("remote_step" in t for t in status["trials"])
-    head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
-            "ckpt_every", "ckpt_age", *(["remote"] if remote else [])]
+    linked = any(t.get("continued_from") for t in status["trials"])
+    head = ["", "number", "state", *(["continued_from"] if linked else []), *names, status["metric"], *extra,
+            "best_step", "last_step", "resumes", "lost", "ckpt_every", "ckpt_age", *(["remote"] if remote else [])]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
         mtime = newest_mtime(t["checkpoint_dir"]) if t["checkpoint_dir"] else None
         metrics = {**(t.get("metrics") or {}), "train_loss": t.get("train_loss")}
         rows.append(["*" if t["number"] == best else "", str(t["number"]), t["state"],
+                     *([_link(t.get("continued_from"))] if linked else []),
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
@@ -116,6 +124,13 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     for steps, name in (status.get("continued") or {}).items():
         lines.append(f"continued to {steps} steps: study {name} (status --continued {steps})")
     return "\n".join(lines)
+
+
+def _link(origin: dict[str, Any] | None) -> str:
+    """"trial 1 of seq2seq at step 2000": the trial a continued trial goes on from."""
+    if not origin:
+        return "-"
+    return f"trial {origin['number']} of {origin['study']} at step {origin['last_step']}"
 
 
 def _remote_cell(t: dict[str, Any]) -> str:

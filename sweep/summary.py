@@ -5,8 +5,9 @@ from __future__ import annotations
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.best import best_test_metrics, checkpoint_folder
-from sweep.ledger import LEDGER_ATTR, study_total, summary_line
+from sweep.ledger import of_trial, study_total, summary_line
 from sweep.session import Session
+from sweep.words import count
 
 
 def text(session: Session) -> str:
@@ -23,7 +24,7 @@ def text(session: Session) -> str:
     compiles = _compiles(trials)
     if compiles:
         lines.append(compiles)
-    ledger = study_total(t.user_attrs.get(LEDGER_ATTR) for t in trials)
+    ledger = study_total(of_trial(t.user_attrs) for t in trials)
     if ledger:
         lines.append(summary_line(ledger))
     best = session.best_trial()
@@ -54,9 +55,9 @@ def no_complete_trial(session: Session) -> str | None:
     errors = [t.user_attrs["error"] for t in session.trials((TrialState.FAIL,)) if "error" in t.user_attrs]
     kinds = collections.Counter(e.partition(":")[0] for e in errors)
     if kinds:
-        kind, count = kinds.most_common(1)[0]
+        kind, n = kinds.most_common(1)[0]
         example = next(e for e in errors if e.partition(":")[0] == kind)
-        line += f"; most common failure ({count} of {states[TrialState.FAIL]}): {example}"
+        line += f"; most common failure ({n} of {states[TrialState.FAIL]}): {example}"
     return line
 
 
@@ -68,5 +69,5 @@ def _compiles(trials: list[FrozenTrial]) -> str | None:
     if not counts:
         return None
     total = {k: sum(c.get(k, 0) for c in counts) for k in ("compilations", "cache_hits", "compile_seconds")}
-    return (f"compilation: {total['compilations']} XLA compilation(s) in {total['compile_seconds']:.1f} s, "
-            f"{total['cache_hits']} executable(s) from the persistent cache, over {len(counts)} trial(s)")
+    return (f"compilation: {count(total['compilations'], 'XLA compilation')} in {total['compile_seconds']:.1f} s, "
+            f"{count(total['cache_hits'], 'executable')} from the persistent cache, over {count(len(counts), 'trial')}")

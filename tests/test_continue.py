@@ -89,7 +89,7 @@ def test_continue_refuses_clearly_and_creates_nothing(here, case):
     worst = max(trials(study), key=lambda t: t.value or 0).number if case != "no-study" else 0
     args, message = {
         "steps-not-more": ((40, None, [0]), "cannot continue trial 0 to 40 steps: it has trained 40 already"),
-        "not-complete": ((80, None, [1]), "cannot continue trial 1 of study 'sched': it is RUNNING, not COMPLETE"),
+        "not-complete": ((80, None, [1]), "cannot continue trial 1 of study 'sched': it is RUNNING, neither COMPLETE nor PRUNED"),
         "unknown": ((80, None, [7]), "cannot continue trial 7 of study 'sched': it does not exist"),
         "last-step-removed": ((80, None, [worst]), f"cannot continue trial {worst}: its last step 40 was not kept "
                                                    "(its checkpoints were removed (keep_trials 1:"),
@@ -145,3 +145,79 @@ def test_cli_continue_killed_and_rerun_equals_a_longer_study(write_study, refere
     assert json.loads((out / "index.json").read_text())["trials"][0]["last_step"] == 2400
     refused = run_cli("status", study, "--continued", "999", cwd=study.parent)
     assert refused.returncode == 1 and "has no trials continued to 999 steps" in refused.stderr
+
+
+def test_status_and_export_of_the_companion_study_name_the_trial_each_continues(here, tmp_path):
+    import json
+
+    from sweep import status
+
+    study = make_study(here, n_trials=2)
+    run(study)
+    continued(study, 60, numbers=[1])
+    link = {"study": "sched", "number": 1, "last_step": 40}
+    session = continuation.open_companion(config_lib.from_dict(study), 60)
+    try:
+        report = status.collect(session)
+        index = session.export(tmp_path / "out")
+    finally:
+        session.close()
+    (entry,) = report["trials"]
+    assert entry["number"] == 0 and entry["continued_from"] == link
+    table = status.table(report).splitlines()
+    assert "continued_from" in table[1].split()
+    assert "trial 1 of sched at step 40" in table[2]
+    assert index["trials"][0]["continued_from"] == link
+    meta = json.loads((tmp_path / "out" / "trial_0000" / "meta.json").read_text())
+    assert meta["continued_from"] == link
+    # The study's own trials continue nothing: no such column, null in JSON, absent from meta.
+    session = continuation.Session(config_lib.from_dict(study))
+    try:
+        own = status.collect(session)
+    finally:
+        session.close()
+    assert [t["continued_from"] for t in own["trials"]] == [None, None]
+    assert "continued_from" not in status.table(own)
+
+
+def pruned_study(root: Path) -> dict[str, Any]:
+    """A study whose trial 1 (learning rate 0.001, far worse than trial 0's 0.2) is pruned by
+    the median pruner at its first evaluation after step 10."""
+    return make_study(root, n_trials=2, sampler={"type": "grid", "seed": 0},
+                      search_space={"learning_rate": {"type": "categorical", "choices": [0.001, 0.2]}},
+                      pruner={"type": "median", "n_startup_trials": 1, "n_warmup_steps": 10},
+                      checkpoint={"every_steps": 10, "keep_last": 2})
+
+
+def test_continue_accepts_a_pruned_trial_whose_checkpoint_is_kept(here):
+    study = pruned_study(here)
+    run(study)
+    t0, t1 = trials(study)
+    assert (t0.state.name, t1.state.name) == ("COMPLETE", "PRUNED"), (t0.params, t1.params)
+    continued(study, 40, numbers=[1])
+    (t,) = trials(companion(study, 40))
+    assert t.state.name == "COMPLETE" and t.user_attrs["last_step"] == 40
+    assert t.user_attrs["continued_from"]["number"] == 1
+    # Every step of the pruned trial's own is kept, only the new ones are trained and reported.
+    assert {s: v for s, v in t.intermediate_values.items() if s in t1.intermediate_values} == t1.intermediate_values
+    assert max(t.intermediate_values) == 40
+
+
+def test_status_value_of_a_pruned_trial_is_its_best_evaluation():
+    # Optuna gives a trial told PRUNED its last report as value (0.4 here); sweep's value of a
+    # trial is its best evaluation (0.3), as the table, the log and export say.
+    import optuna
+
+    from sweep import status
+
+    study = optuna.create_study()
+    trial = study.ask()
+    for step, value in ((10, 0.5), (20, 0.3), (30, 0.4)):
+        trial.report(value, step)
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    (frozen,) = study.trials
+    assert frozen.value == 0.4
+    entry = status._entry(frozen, set(), "minimize", None, "val_loss", None)
+    assert entry["state"] == "PRUNED" and entry["value"] == entry["best_value"] == 0.3 and entry["best_step"] == 20
+    assert status.table({"study": "s", "storage": "x", "n_trials": 1, "metric": "val_loss",
+                         "direction": "minimize", "trials": [entry]}).splitlines()[2].split()[2] == "0.3"

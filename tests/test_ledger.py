@@ -79,3 +79,39 @@ def test_summary_line_names_interruptions_share_and_parts():
     line = ledger_lib.summary_line(total)
     assert line.startswith("lost to 3 interruptions: 42 s of 1 h 12 min, 1.0% (time: training 93%")
     assert ledger_lib.study_total([None, {}]) is None
+
+
+def test_every_run_that_ended_without_finishing_the_trial_counts_once_everywhere(here):
+    # Trial 0 is killed as its first window starts (compiling, before any step), then stopped by
+    # SIGTERM at step 20, then finished: two interruptions, whatever step each run had reached.
+    from test_scheduler import run_interrupted
+
+    study = make_study(here, n_trials=1)
+    run_killed(study, 0, 0)
+    run_interrupted(study, 0, 20)
+    run(study)
+    (t,) = trials(study)
+    assert t.user_attrs["resumes"] == 2
+    assert t.user_attrs[ledger_lib.LEDGER_ATTR]["interruptions"] == 2
+    session = Session(config_lib.from_dict(study))
+    try:
+        report = status.collect(session)
+        text = summary.text(session)
+    finally:
+        session.close()
+    (entry,) = report["trials"]
+    assert entry["resumes"] == 2 and entry["ledger"]["interruptions"] == 2 and report["ledger"]["interruptions"] == 2
+    assert "lost to 2 interruptions: " in text
+    row = status.table(report).splitlines()[2].split()
+    head = status.table(report).splitlines()[1].split()
+    assert row[head.index("resumes") + 1] == "2" and row[head.index("lost") + 1].endswith("s/2")  # +1: the '*' column
+
+
+def test_an_interrupted_trial_not_yet_resumed_counts_its_interruption_when_it_resumes(here):
+    study = make_study(here, n_trials=1)
+    run_killed(study, 0, 30)
+    (t,) = trials(study)
+    assert t.user_attrs.get("resumes", 0) == 0  # counted by the run that takes it up (kill -9 records nothing)
+    run(study)
+    (t,) = trials(study)
+    assert t.user_attrs["resumes"] == 1 and t.user_attrs[ledger_lib.LEDGER_ATTR]["interruptions"] == 1

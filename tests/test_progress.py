@@ -80,6 +80,6 @@ def test_resume_decision_is_logged_with_its_step(write_study):
     step = max(int(p.name) for p in checkpoint_dir(study, 1).iterdir() if p.name.isdigit())
     again = Running("run", study, cwd=study.parent)
     assert again.finish() == 0
-    assert "trials 0: finished, skipped" in again.stderr
+    assert "trial 0: finished, skipped" in again.stderr
     assert f"trial 1: interrupted, will resume from its newest checkpoint, step {step}" in again.stderr
     assert f"trial 1: resumed from step {step}" in again.stderr

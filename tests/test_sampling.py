@@ -95,7 +95,7 @@ def test_values_lists_work_with_every_sampler_and_make_a_log_scale_grid():
 
     grid = _study(sampler={"type": "grid"}, search_space=space, n_trials=4)
     assert grid_size(grid) == 6
-    assert [note for _, note in sampler_notes(grid)] == ["sampler grid: 6 grid point(s); n_trials 4 covers 4 of them"]
+    assert [note for _, note in sampler_notes(grid)] == ["sampler grid: 6 grid points; n_trials 4 covers 4 of them"]
     for sampler in ({"type": "grid"}, {"type": "tpe", "seed": 0}, {"type": "random", "seed": 1}):
         config = _study(sampler=sampler, search_space=space, n_trials=6)
         study = optuna.create_study(sampler=build_sampler(config))

@@ -319,7 +319,7 @@ def test_interrupted_trial_resumes_under_its_number_and_params_bit_identical(her
     assert [t.user_attrs["resumes"] for t in (after[0], after[2])] == [0, 0]
     assert snapshot(study) == reference.snapshot
     logged = messages(sweep_log)
-    assert "trials 0: finished, skipped" in logged
+    assert "trial 0: finished, skipped" in logged
     assert "trial 1: interrupted, will resume from its newest checkpoint, step 20" in logged
     assert "trial 1: resumed from step 20" in logged
 

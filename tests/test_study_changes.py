@@ -52,9 +52,9 @@ def test_edits_of_a_half_finished_study_are_refused_and_the_restored_file_finish
     before = fingerprint_of_disk(study)
     plan = run_cli("plan", study, cwd=study.parent)
     assert plan.returncode == 0, plan.stderr
-    assert re.search(r"skip:\s+trials 0 \(1 COMPLETE\)", plan.stdout), plan.stdout
+    assert re.search(r"skip:\s+trial 0, finished \(COMPLETE\)", plan.stdout), plan.stdout
     assert f"resume:  trial 1 from its newest checkpoint, step {newest}" in plan.stdout
-    assert re.search(r"new:\s+2 trial\(s\), numbers 2-3, sampled by tpe", plan.stdout), plan.stdout
+    assert re.search(r"new:\s+trials 2-3, sampled by tpe", plan.stdout), plan.stdout
     assert fingerprint_of_disk(study) == before
 
     edits = {
@@ -86,7 +86,7 @@ def test_plan_of_a_new_study_creates_nothing(write_study):
     study = write_study(n_trials=3)
     result = run_cli("plan", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
-    assert "new study" in result.stdout and "numbers 0-2" in result.stdout
+    assert "not created yet" in result.stdout and "trials 0-2, sampled by" in result.stdout
     assert not Path(yaml.safe_load(study.read_text())["workdir"]).exists()
 
 
