@@ -12,79 +12,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import config as config_lib
 from sweep.config import Config
+from sweep import record
 from sweep.errors import SweepError
+from sweep.record import DATA_SHAPES_ATTR, best_step, checkpoint_folder, metrics_at
 
 if TYPE_CHECKING:  # the runner imports best_of_reports from here: keep the session out of its imports
     from sweep.session import Session
 
-TEST_ATTR = "best_test"  # study user attribute: the best trial's test metrics, computed once
-# Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
-# curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
-EVAL_ATTR_PREFIX = "eval:"
-TRAIN_LOSS = "train_loss"  # beside the declared metrics in each eval:<step>: the mean training loss
-# Trial user attribute: what its runs compiled, summed ({"compilations", "cache_hits", "compile_seconds"}).
-COMPILES_ATTR = "compiles"
-# Trial user attribute: the shapes and dtypes of its data, so loaders need no training data.
-DATA_SHAPES_ATTR = "data_shapes"
-
-
-def checkpoint_folder(config: Config, trial: FrozenTrial) -> Path | None:
-    """Where trial `trial`'s checkpoints are now: under the study's workdir, wherever the study was
-    moved or copied to (the `checkpoint_dir` attribute says where it ran last); None for a trial
-    sweep did not run."""
-    return config.checkpoint_dir(trial.number) if "checkpoint_dir" in trial.user_attrs else None
-
-
-def eval_attr(step: int) -> str:
-    return f"{EVAL_ATTR_PREFIX}{step}"
-
-
-def history(trial: FrozenTrial) -> dict[int, dict[str, float]]:
-    """step -> every metric recorded at that evaluation (empty for trials run before they were)."""
-    return {int(k[len(EVAL_ATTR_PREFIX):]): v for k, v in trial.user_attrs.items()
-            if k.startswith(EVAL_ATTR_PREFIX) and isinstance(v, dict)}
-
-
-def metrics_at(trial: FrozenTrial, step: int | None, metric: str | None = None) -> dict[str, float] | None:
-    """Every declared metric recorded at `step`; for a trial recorded before they were kept, the
-    objective `metric` alone from its reports (None if `metric` is not given or not reported)."""
-    if step is None:
-        return None
-    found = trial.user_attrs.get(eval_attr(step))
-    if isinstance(found, dict):
-        return {k: v for k, v in found.items() if k != TRAIN_LOSS}
-    if metric is not None and step in trial.intermediate_values:
-        return {metric: trial.intermediate_values[step]}
-    return None
-
-
-def train_loss_at(trial: FrozenTrial, step: int | None) -> float | None:
-    """The mean training loss of the evaluation interval ending at `step`, if recorded."""
-    found = trial.user_attrs.get(eval_attr(step)) if step is not None else None
-    return found.get(TRAIN_LOSS) if isinstance(found, dict) else None
-
-
-def best_of_reports(values: Mapping[int, float], direction: str | int) -> tuple[int, float] | None:
-    """(step, value) of the best reported evaluation, the earliest on ties; None if nothing reported.
-
-    `direction`: "minimize" / "maximize", or its sign (+1 / -1). The one definition of a trial's
-    best step: the loop, status, export and the plots all use it.
-    """
-    if not values:
-        return None
-    sign = direction if isinstance(direction, int) else config_lib.sign(direction)
-    step = min(values, key=lambda s: (sign * values[s], s))
-    return step, values[step]
-
-
-def best_step(trial: FrozenTrial, direction: str) -> tuple[int, float]:
-    """(best_step, best_value) of a finished trial: its user attributes, else its reports."""
-    if "best_step" in trial.user_attrs:
-        return int(trial.user_attrs["best_step"]), float(trial.user_attrs["best_value"])
-    best = best_of_reports(trial.intermediate_values, direction)
-    if best is None:
-        raise SweepError(f"trial {trial.number} has no evaluation")
-    return best
+TEST_ATTR = record.TEST  # kept for readers of the best trial's test metrics
 
 
 @dataclasses.dataclass(frozen=True)

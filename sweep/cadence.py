@@ -94,9 +94,9 @@ class Cadence:
         if training <= 0 or spent / training <= COST_WARNING_SHARE:
             return
         self.warned = True
-        asked = self.asked or " and ".join(x for x in (f"every_steps: {self.every_steps}" if self.every_steps else "",
-                                                       f"every_seconds: {self.every_seconds:g}" if self.every_seconds
-                                                       else "") if x)
+        asked = self.asked or " and ".join(
+            x for x in (f"every_steps: {self.every_steps}" if self.every_steps else "",
+                        f"every_seconds: {self.every_seconds:g}" if self.every_seconds else "") if x)
         log.warning("trial %d: checkpoints at %s take %.0f%% of its training time (%.2f s of %.2f s over %d saves); "
                     "kept as asked. To trade it: a longer checkpoint.every_steps, checkpoint.every_seconds instead, "
                     "or checkpoint.max_write_share (e.g. 0.03) to defer saves while writing exceeds that share",
@@ -113,7 +113,8 @@ def describe(checkpoint: Checkpoint) -> str:
         return "at the last step only (no cadence)"
     if share is None:
         return f"{asked}, exactly, and at the last step"
-    why = "checkpoint.max_write_share" if "max_write_share" in checkpoint.model_fields_set else "the default write budget"
+    given = "max_write_share" in checkpoint.model_fields_set
+    why = "checkpoint.max_write_share" if given else "the default write budget"
     return (f"{asked}, under {why} of {share:g}: a save due while writing would take more than {100 * share:g}% "
             f"of the time is deferred to the first step that allows it (the last step and a signal's save never are)")
 

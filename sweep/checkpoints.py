@@ -196,8 +196,8 @@ class TrialCheckpoints:
             for packed in (True, False):  # the layout this release writes first
                 try:
                     if packed:
-                        stored = self._manager.restore(step, args=ocp.args.StandardRestore(packing.packed_template(tree)))
-                        return packing.unpack(stored, tree)
+                        packed_args = ocp.args.StandardRestore(packing.packed_template(tree))
+                        return packing.unpack(self._manager.restore(step, args=packed_args), tree)
                     return self._manager.restore(step, args=ocp.args.StandardRestore(tree))
                 except Exception as exc:
                     first = first or exc

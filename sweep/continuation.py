@@ -23,19 +23,14 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import config as config_lib
 from sweep import integrity, retention
 from sweep.api import StudySession
-from sweep.best import EVAL_ATTR_PREFIX, checkpoint_folder
+from sweep.record import CONTINUED_FROM, EVAL_ATTR_PREFIX, LAST_STEP, checkpoint_folder, companion_name
 from sweep.checkpoints import kept_steps, newest_step
 from sweep.config import Config
 from sweep.errors import StudyNotFound, UsageError
 from sweep.session import Session
 
 log = logging.getLogger("sweep")
-CONTINUED_ATTR = "continued_from"  # {"study", "number", "last_step"} of the trial it continues
 _READY_ATTR = "continued_ready"  # its checkpoints and reports were carried over
-
-
-def companion_name(name: str, steps: int) -> str:
-    return f"{name}.continued-{steps}"
 
 
 def companion_config(config: Config, steps: int, n_trials: int | None = None) -> Config:
@@ -65,15 +60,15 @@ class ContinuingSession(StudySession):
     def ask(self) -> optuna.Trial:
         trials = self.trials()
         if not any(t.state == TrialState.WAITING for t in trials):  # else a kill came between the two
-            done = {t.user_attrs[CONTINUED_ATTR]["number"] for t in trials if CONTINUED_ATTR in t.user_attrs}
+            done = {t.user_attrs[CONTINUED_FROM]["number"] for t in trials if CONTINUED_FROM in t.user_attrs}
             nxt = next(t for t in self.chosen if t.number not in done)
-            self.study.enqueue_trial(nxt.params, user_attrs={CONTINUED_ATTR: {
-                "study": self.source.name, "number": nxt.number, "last_step": nxt.user_attrs["last_step"]}})
+            self.study.enqueue_trial(nxt.params, user_attrs={CONTINUED_FROM: {
+                "study": self.source.name, "number": nxt.number, "last_step": nxt.user_attrs[LAST_STEP]}})
         return self.study.ask()
 
     def seed_number(self, number: int) -> int:
         if number not in self._seed_numbers:
-            self._seed_numbers[number] = int(self.trial(number).user_attrs[CONTINUED_ATTR]["number"])
+            self._seed_numbers[number] = int(self.trial(number).user_attrs[CONTINUED_FROM]["number"])
         return self._seed_numbers[number]
 
     def prepare_trial(self, number: int, trial: optuna.Trial, folder: Path) -> bool:
@@ -82,7 +77,7 @@ class ContinuingSession(StudySession):
         frozen = self.trial(number)
         if frozen.user_attrs.get(_READY_ATTR):
             return False
-        origin = next(t for t in self.chosen if t.number == frozen.user_attrs[CONTINUED_ATTR]["number"])
+        origin = next(t for t in self.chosen if t.number == frozen.user_attrs[CONTINUED_FROM]["number"])
         source_folder = checkpoint_folder(self.source, origin)
         assert source_folder is not None
         with retention.reading(source_folder, origin.number):
@@ -96,7 +91,7 @@ class ContinuingSession(StudySession):
                 trial.set_user_attr(key, value)
         trial.set_user_attr(_READY_ATTR, True)
         log.info("trial %d: continues trial %d of study %s from its last step %d, to %d steps", number,
-                 origin.number, self.source.name, origin.user_attrs["last_step"], self.config.study.train.steps)
+                 origin.number, self.source.name, origin.user_attrs[LAST_STEP], self.config.study.train.steps)
         return True
 
 
@@ -149,7 +144,7 @@ def choose(session: Session, steps: int, top: int | None, numbers: list[int] | N
         chosen = [by_number[n] for n in sorted(set(numbers or []))]
     removed = retention.removed(session)
     for t in chosen:
-        last = int(t.user_attrs.get("last_step", max(t.intermediate_values, default=0)))
+        last = int(t.user_attrs.get(LAST_STEP, max(t.intermediate_values, default=0)))
         folder = checkpoint_folder(config, t)
         kept = newest_step(folder) if folder is not None and t.number not in removed else None
         if steps <= last:
@@ -219,18 +214,7 @@ def _continued(config: Config, steps: int, source: Session) -> list[FrozenTrial]
     if not companion.open_existing():
         return []
     try:
-        numbers = [t.user_attrs[CONTINUED_ATTR]["number"] for t in companion.trials() if CONTINUED_ATTR in t.user_attrs]
+        numbers = [t.user_attrs[CONTINUED_FROM]["number"] for t in companion.trials() if CONTINUED_FROM in t.user_attrs]
     finally:
         companion.close()
     return [source.trial(n) for n in numbers]
-
-
-def companions(session: Session) -> dict[int, str]:
-    """steps -> the name of each companion study of the session's study in its storage."""
-    prefix = f"{session.config.name}.continued-"
-    found = {}
-    for study in session.storage.get_all_studies():  # names only; no trial is loaded
-        rest = study.study_name[len(prefix):]
-        if study.study_name.startswith(prefix) and rest.isdigit():
-            found[int(rest)] = study.study_name
-    return found

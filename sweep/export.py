@@ -14,8 +14,8 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep import retention
-from sweep.best import best_state, best_step, metrics_at, train_loss_at
-from sweep.continuation import CONTINUED_ATTR
+from sweep.best import best_state
+from sweep.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, train_loss_at
 from sweep.errors import SweepError
 from sweep.export_format import flatten
 from sweep.session import Session
@@ -109,12 +109,12 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
         entry = {"number": t.number, "dir": folder.name, "state": t.state.name,
                  "hyperparameters": config.hyperparameters(t.params), "params": t.params, "metric": metric,
                  "best_step": step, "best_value": value,
-                 "last_step": t.user_attrs.get("last_step", max(t.intermediate_values, default=step)),
+                 "last_step": t.user_attrs.get(LAST_STEP, max(t.intermediate_values, default=step)),
                  "metrics": metrics_at(t, step, metric) or {metric: value},
                  "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
                  "collections": sorted(variables),  # model state beside the params, in state.safetensors
                  # a trial of a companion study: the trial `continue` trained further
-                 **({"continued_from": t.user_attrs[CONTINUED_ATTR]} if CONTINUED_ATTR in t.user_attrs else {}),
+                 **({CONTINUED_FROM: t.user_attrs[CONTINUED_FROM]} if CONTINUED_FROM in t.user_attrs else {}),
                  **provenance(config)}
         _write(folder / "params.safetensors", save(flatten(params)))
         if variables:  # keys like "batch_stats/BatchNorm_0/mean"

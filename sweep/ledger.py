@@ -11,12 +11,14 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-LEDGER_ATTR = "ledger"
+from sweep import record
+
+LEDGER_ATTR = record.LEDGER
 # Trial user attribute: its interruptions, i.e. runs of it that ended without the trial finishing
 # (a kill, a signal, a crash, a machine fault, a lost lease), at whatever step, also while it was
 # building its state or compiling before its first step. Counted by the run that takes the trial
 # up again (a kill -9 records nothing); a retry after the trial's own failure is not one.
-RESUMES_ATTR = "resumes"
+RESUMES_ATTR = record.RESUMES
 LEDGER_WRITE_SECONDS = 10.0
 # Seconds, each measured on the training thread; `waiting` is the rest of the run's wall time
 # (building the state, loading data, the storage, the writer at the last step, the pipeline).

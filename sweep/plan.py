@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from sweep import fingerprint, retention
-from sweep.best import checkpoint_folder
+from sweep.record import checkpoint_folder
 from sweep.cadence import describe
 from sweep.checkpoints import newest_step
 from sweep.config import Config

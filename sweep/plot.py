@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_of_reports, checkpoint_folder, history
+from sweep.record import BEST_STEP, RESUMED_FROM, best_of_reports, checkpoint_folder, history
 from sweep.checkpoints import kept_steps
 from sweep.config import Config
 from sweep.errors import SweepError
@@ -109,7 +109,7 @@ def markers(config: Config, t: FrozenTrial, remote: Sequence[int] = ()) -> dict[
     """Steps to mark on a trial's curve: kept checkpoints (here or in the bucket: `remote`), the best
     step, the steps runs resumed from."""
     reports = t.intermediate_values
-    best = t.user_attrs.get("best_step")
+    best = t.user_attrs.get(BEST_STEP)
     if best is None:
         best = (best_of_reports(reports, config.study.objective.direction) or (None, None))[0]
     ckpt_dir = checkpoint_folder(config, t)
@@ -117,7 +117,7 @@ def markers(config: Config, t: FrozenTrial, remote: Sequence[int] = ()) -> dict[
         "checkpoint": sorted(s for s in {*(kept_steps(ckpt_dir) if ckpt_dir else []), *remote} if s in reports),
         "best": [best] if best is not None else [],
         # At the exact step a run resumed from, an evaluation step or not (its y is interpolated).
-        "resumed": sorted({int(s) for s in t.user_attrs.get("resumed_from", [])}) if reports else [],
+        "resumed": sorted({int(s) for s in t.user_attrs.get(RESUMED_FROM, [])}) if reports else [],
     }
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from sweep.best import best_of_reports, checkpoint_folder
+from sweep.record import best_of_reports, checkpoint_folder
 from sweep.checkpoints import newest_mtime
 from sweep.session import FINISHED, Session
 

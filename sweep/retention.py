@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import integrity
 from sweep.words import size as size_text
 from sweep.errors import DiskFault, SweepError
+from sweep.record import BEST_STEP, checkpoint_folder
 
 log = logging.getLogger("sweep")
 REMOVED_ATTR = "checkpoints_removed:"  # + trial number: why its checkpoints were removed (study attr)
@@ -218,8 +219,6 @@ class _Budget:
     """The study's finished trials as the budget sees them: ranked, with their folders."""
 
     def __init__(self, session: Any) -> None:
-        from sweep.best import checkpoint_folder
-
         self.config = session.config.study.checkpoint
         self.finished = session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
         self.ranked = _ranked(session, self.finished)
@@ -255,7 +254,7 @@ class _Budget:
         worst_first = [t for t in self.finished if t not in self.ranked] + list(reversed(self.ranked))
         out = []
         for t in worst_first:
-            folder, best = self.folders[t.number], t.user_attrs.get("best_step")
+            folder, best = self.folders[t.number], t.user_attrs.get(BEST_STEP)
             if t.number not in skip and folder is not None and folder.exists() and best is not None:
                 out.append((t, folder, int(best)))
         return out

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from sweep import compiled
-from sweep.best import best_of_reports
+from sweep.record import best_of_reports
 from sweep.cadence import Cadence
 from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config

@@ -14,7 +14,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
 from sweep import retention
-from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
+from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, ERROR, FAILURES,
+                          LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at)
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
@@ -94,7 +95,7 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
         return None
     trial = session.ask()
     claims.try_take(claims.key(trial.number))
-    trial.set_user_attr("checkpoint_dir", str(config.checkpoint_dir(trial.number)))
+    trial.set_user_attr(CHECKPOINT_DIR, str(config.checkpoint_dir(trial.number)))
     trial.set_user_attr(RESUMES_ATTR, 0)
     return Claimed(trial.number, adopted=False)
 
@@ -133,7 +134,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         # resumes from its new place and writes nothing at the old one. The attribute (for Optuna
         # readers) is set anew wherever it differs, also for a trial killed between ask and set.
         ckpt_dir = str(config.checkpoint_dir(claimed.number))
-        recorded = frozen.user_attrs.get("checkpoint_dir")
+        recorded = frozen.user_attrs.get(CHECKPOINT_DIR)
         if recorded and recorded != ckpt_dir and newest_step(ckpt_dir) is None and newest_step(recorded) is not None:
             # Not a moved study (its folder would have the steps) but another workdir for the same
             # storage (a relative default workdir run from another directory): keep the trial's work.
@@ -142,7 +143,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
                         "workdir, to keep them together)", claimed.number, ckpt_dir, recorded)
             ckpt_dir = recorded
         if recorded != ckpt_dir:
-            trial.set_user_attr("checkpoint_dir", ckpt_dir)
+            trial.set_user_attr(CHECKPOINT_DIR, ckpt_dir)
         params = suggest_all(config, trial)
         if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
             frozen = session.trial(claimed.number)
@@ -179,7 +180,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
     """
     resumes, resumed = interrupted
     config = session.config
-    number, failures = frozen.number, int(frozen.user_attrs.get("failures", 0))
+    number, failures = frozen.number, int(frozen.user_attrs.get(FAILURES, 0))
     while True:
         ckpt = session.checkpoints(number, ckpt_dir, fence=fence)
 
@@ -222,8 +223,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
-            for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
-                                ("last_step", outcome.last_step), ("metrics", best_metrics)):
+            for name, value in ((BEST_STEP, outcome.best_step), (BEST_VALUE, outcome.best_value),
+                                (LAST_STEP, outcome.last_step), (METRICS, best_metrics)):
                 trial.set_user_attr(name, value)
             ckpt.wait()
             return outcome
@@ -234,8 +235,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             raise
         except Exception as exc:  # a trial that raises fails alone; the study goes on
             failures += 1
-            trial.set_user_attr("failures", failures)
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            trial.set_user_attr(FAILURES, failures)
+            trial.set_user_attr(ERROR, f"{type(exc).__name__}: {exc}"[:500])
             retry = failures <= config.study.max_retries and not isinstance(exc, NonFiniteMetric)
             log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", number,
                       params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."
@@ -301,8 +302,8 @@ def _record_compiles(session: Session, trial: optuna.Trial, counts: dict[str, fl
 
 def _record_resume(session: Session, trial: optuna.Trial, step: int) -> None:
     """Append `step` to the trial's `resumed_from` user attribute (plot marks it on the curve)."""
-    steps = session.trial(trial.number).user_attrs.get("resumed_from", [])
-    trial.set_user_attr("resumed_from", [*steps, step])
+    steps = session.trial(trial.number).user_attrs.get(RESUMED_FROM, [])
+    trial.set_user_attr(RESUMED_FROM, [*steps, step])
 
 
 def _log_start(session: Session) -> None:

@@ -9,10 +9,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import ledger as ledger_lib
 from sweep import retention
-from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metrics_at, train_loss_at
+from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, LAST_STEP, METRICS, best_of_reports,
+                          checkpoint_folder, companions, metrics_at, train_loss_at)
 from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
-from sweep.continuation import CONTINUED_ATTR, companions
 from sweep.config import sign
 from sweep.ledger import RESUMES_ATTR, study_total, summary_line
 from sweep.session import Session
@@ -42,7 +42,7 @@ def collect(session: Session) -> dict[str, Any]:
         # the goodput ledger summed over the trials (sweep/ledger.py); null before any was recorded
         "ledger": study_total(e["ledger"] for e in entries),
         # steps -> companion study of the trials `continue` trained that far (status --continued STEPS)
-        "continued": {str(k): v for k, v in sorted(companions(session).items())},
+        "continued": {str(k): v for k, v in sorted(companions(session.storage, config.name).items())},
     }
 
 
@@ -57,7 +57,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
-    best_value = attrs.get("best_value", best_value)
+    best_value = attrs.get(BEST_VALUE, best_value)
     return {
         "number": t.number,
         "state": _state(t, live),
@@ -65,17 +65,17 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         # the trial's best evaluation, as the table and the log show it: Optuna's value of a trial
         # told PRUNED is its last report instead; none for FAIL, RUNNING, INTERRUPTED, WAITING
         "value": t.value if t.state == TrialState.COMPLETE else best_value if t.state == TrialState.PRUNED else None,
-        "best_step": attrs.get("best_step", best_step),
+        "best_step": attrs.get(BEST_STEP, best_step),
         "best_value": best_value,
-        "last_step": attrs.get("last_step", max(t.intermediate_values, default=None)),
+        "last_step": attrs.get(LAST_STEP, max(t.intermediate_values, default=None)),
         "checkpoint_dir": str(folder) if folder is not None and removed is None else None,  # where it is now
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
         "checkpoints_removed": removed,
         "resumes": int(attrs.get(RESUMES_ATTR, 0)),  # its interruptions (sweep/ledger.py)
         # {"study", "number", "last_step"} of the trial `continue` trained further (companion studies)
-        "continued_from": attrs.get(CONTINUED_ATTR),
-        "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
-        "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
+        "continued_from": attrs.get(CONTINUED_FROM),
+        "metrics": attrs.get(METRICS) or metrics_at(t, attrs.get(BEST_STEP, best_step), t_metric),
+        "train_loss": train_loss_at(t, attrs.get(BEST_STEP, best_step)),  # mean, the interval before best_step
         # XLA compilations, executables from the persistent cache and compile seconds, all its runs
         "compiles": attrs.get(COMPILES_ATTR),
         # seconds training, evaluating, compiling, restoring, checkpointing (blocking, background),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.best import best_test_metrics, checkpoint_folder
+from sweep.best import best_test_metrics
+from sweep.record import ERROR, checkpoint_folder
 from sweep.ledger import of_trial, study_total, summary_line
 from sweep.session import Session
 from sweep.words import count
@@ -52,7 +53,7 @@ def no_complete_trial(session: Session) -> str | None:
         return None
     line = f"no trial completed: {states[TrialState.FAIL]} failed, {states[TrialState.PRUNED]} pruned"
     # Grouped by exception type (messages name their trial); the first trial's message shown.
-    errors = [t.user_attrs["error"] for t in session.trials((TrialState.FAIL,)) if "error" in t.user_attrs]
+    errors = [t.user_attrs[ERROR] for t in session.trials((TrialState.FAIL,)) if ERROR in t.user_attrs]
     kinds = collections.Counter(e.partition(":")[0] for e in errors)
     if kinds:
         kind, n = kinds.most_common(1)[0]
@@ -63,7 +64,7 @@ def no_complete_trial(session: Session) -> str | None:
 
 def _compiles(trials: list[FrozenTrial]) -> str | None:
     """What the study's trials compiled, summed over their runs (None before any was recorded)."""
-    from sweep.best import COMPILES_ATTR
+    from sweep.record import COMPILES_ATTR
 
     counts = [t.user_attrs[COMPILES_ATTR] for t in trials if t.user_attrs.get(COMPILES_ATTR)]
     if not counts:

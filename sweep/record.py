@@ -1,0 +1,118 @@
+"""The trial record: every user attribute sweep keeps on a trial (and the study-wide ones that
+describe trials), and the readers of them. One home for the keys, so no module spells them.
+
+A trial's record lives in Optuna's storage, so it moves with the study and optuna-dashboard and
+`optuna.load_study(...)` read it. The fields are documented in docs/reference.md ("Trial and
+study user attributes").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from optuna.trial import FrozenTrial
+
+from sweep import config as config_lib
+from sweep.config import Config
+from sweep.errors import SweepError
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+# Trial user attributes.
+CHECKPOINT_DIR = "checkpoint_dir"  # absolute path of its checkpoint folder, where it ran last
+BEST_STEP, BEST_VALUE, LAST_STEP = "best_step", "best_value", "last_step"  # once finished
+METRICS = "metrics"  # every declared metric at the best step
+RESUMES = "resumes"  # interruptions: runs that ended without finishing it (sweep/ledger.py)
+RESUMED_FROM = "resumed_from"  # the steps it was resumed from
+FAILURES, ERROR = "failures", "error"  # retries used, and the last error (truncated)
+LEDGER = "ledger"  # where its time went (sweep/ledger.py)
+CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the trial `continue` trains further
+# Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
+# curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
+EVAL_ATTR_PREFIX = "eval:"
+TRAIN_LOSS = "train_loss"  # beside the declared metrics in each eval:<step>: the mean training loss
+# Trial user attribute: what its runs compiled, summed ({"compilations", "cache_hits", "compile_seconds"}).
+COMPILES_ATTR = "compiles"
+# Trial user attribute: the shapes and dtypes of its data, so loaders need no training data.
+DATA_SHAPES_ATTR = "data_shapes"
+
+
+def checkpoint_folder(config: Config, trial: FrozenTrial) -> Path | None:
+    """Where trial `trial`'s checkpoints are now: under the study's workdir, wherever the study was
+    moved or copied to (the `checkpoint_dir` attribute says where it ran last); None for a trial
+    sweep did not run."""
+    return config.checkpoint_dir(trial.number) if CHECKPOINT_DIR in trial.user_attrs else None
+
+
+def eval_attr(step: int) -> str:
+    return f"{EVAL_ATTR_PREFIX}{step}"
+
+
+def history(trial: FrozenTrial) -> dict[int, dict[str, float]]:
+    """step -> every metric recorded at that evaluation (empty for trials run before they were)."""
+    return {int(k[len(EVAL_ATTR_PREFIX):]): v for k, v in trial.user_attrs.items()
+            if k.startswith(EVAL_ATTR_PREFIX) and isinstance(v, dict)}
+
+
+def metrics_at(trial: FrozenTrial, step: int | None, metric: str | None = None) -> dict[str, float] | None:
+    """Every declared metric recorded at `step`; for a trial recorded before they were kept, the
+    objective `metric` alone from its reports (None if `metric` is not given or not reported)."""
+    if step is None:
+        return None
+    found = trial.user_attrs.get(eval_attr(step))
+    if isinstance(found, dict):
+        return {k: v for k, v in found.items() if k != TRAIN_LOSS}
+    if metric is not None and step in trial.intermediate_values:
+        return {metric: trial.intermediate_values[step]}
+    return None
+
+
+def train_loss_at(trial: FrozenTrial, step: int | None) -> float | None:
+    """The mean training loss of the evaluation interval ending at `step`, if recorded."""
+    found = trial.user_attrs.get(eval_attr(step)) if step is not None else None
+    return found.get(TRAIN_LOSS) if isinstance(found, dict) else None
+
+
+def best_of_reports(values: Mapping[int, float], direction: str | int) -> tuple[int, float] | None:
+    """(step, value) of the best reported evaluation, the earliest on ties; None if nothing reported.
+
+    `direction`: "minimize" / "maximize", or its sign (+1 / -1). The one definition of a trial's
+    best step: the loop, status, export and the plots all use it.
+    """
+    if not values:
+        return None
+    sign = direction if isinstance(direction, int) else config_lib.sign(direction)
+    step = min(values, key=lambda s: (sign * values[s], s))
+    return step, values[step]
+
+
+def best_step(trial: FrozenTrial, direction: str) -> tuple[int, float]:
+    """(best_step, best_value) of a finished trial: its user attributes, else its reports."""
+    if BEST_STEP in trial.user_attrs:
+        return int(trial.user_attrs[BEST_STEP]), float(trial.user_attrs[BEST_VALUE])
+    best = best_of_reports(trial.intermediate_values, direction)
+    if best is None:
+        raise SweepError(f"trial {trial.number} has no evaluation")
+    return best
+
+
+# Study user attributes.
+TEST = "best_test"  # the best trial's test metrics, computed once
+COMPANION_INFIX = ".continued-"  # <study>.continued-<steps>: the companion study `continue` creates
+
+
+def companion_name(study: str, steps: int) -> str:
+    return f"{study}{COMPANION_INFIX}{steps}"
+
+
+def companions(storage: BaseStorage, study: str) -> dict[int, str]:
+    """steps -> the name of each companion study of `study` in `storage` (names only; no trial is loaded)."""
+    prefix = f"{study}{COMPANION_INFIX}"
+    found = {}
+    for summary in storage.get_all_studies():
+        rest = summary.study_name[len(prefix):]
+        if summary.study_name.startswith(prefix) and rest.isdigit():
+            found[int(rest)] = summary.study_name
+    return found

@@ -1,0 +1,68 @@
+"""The package's shape: no import cycle among sweep's modules (lazy imports included), and the
+trial record's attribute keys spelled only in sweep/record.py."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SWEEP = Path(__file__).resolve().parents[1] / "sweep"
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> the sweep modules it imports anywhere in its file (top level, in functions, under TYPE_CHECKING)."""
+    modules = {p.stem for p in SWEEP.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in SWEEP.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "sweep":
+                deps |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sweep."):
+                deps.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("sweep.")}
+        graph[path.stem] = deps - {path.stem, "__init__"}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return path[path.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_among_sweeps_modules():
+    graph = _imports()
+    assert "record" in graph["status"] and "scheduler" in graph["workers"]  # the scan sees lazy imports too
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_trial_attribute_keys_are_spelled_only_in_the_record_module():
+    keys = ("checkpoint_dir", "best_step", "best_value", "last_step", "resumed_from", "failures", "eval:", "compiles",
+            "data_shapes", "continued_from")
+    pattern = re.compile(r"(user_attrs(\.get)?[\[(]|set_user_attr\()\s*\"(" + "|".join(map(re.escape, keys)) + ")")
+    found = [f"{p.name}: {m.group(0)}" for p in SWEEP.glob("*.py") if p.name != "record.py"
+             for m in pattern.finditer(p.read_text())]
+    assert not found, found
