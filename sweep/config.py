@@ -190,7 +190,8 @@ class Checkpoint(_Model):
 
 
 class Parallel(_Model):
-    n_jobs: Annotated[int, Field(ge=1)] = 1
+    n_jobs: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # auto: one worker per device slot (sweep/slots.py)
+    trials_per_device: Annotated[int, Field(ge=1)] = 1  # workers sharing each slot's devices (GPU memory / M each)
     # A worker on another host that stopped renewing its claims this long ago is taken for dead.
     lease_grace_seconds: Annotated[float, Field(gt=0)] = 60.0
     # Where the n_jobs workers run: local processes (joblib's loky) or a Dask cluster (joblib's

@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
-from sweep import retention
+from sweep import retention, slots
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
@@ -22,6 +22,7 @@ from sweep.ledger import LEDGER_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
+from sweep.slots import DEVICES_ATTR
 from sweep.signals import StopSignal
 
 log = logging.getLogger("sweep")
@@ -189,6 +190,12 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 fence()
                 trial.set_user_attr(DATA_SHAPES_ATTR, shapes)
 
+        def on_devices(names: list[str]) -> None:
+            fence()
+            trial.set_user_attr(DEVICES_ATTR, names)
+            if slots.assigned_here():  # a host of several devices: say which slot the trial runs on
+                log.info("trial %d: on %s", number, ",".join(names))
+
         def on_compiles(counts: dict[str, float]) -> None:
             try:
                 fence()
@@ -209,7 +216,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
                                 dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
                                 on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
-                                on_data_shapes=on_data_shapes, seed_number=session.seed_number(number),
+                                on_data_shapes=on_data_shapes, on_devices=on_devices, seed_number=session.seed_number(number),
                                 ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger,
                                                  first_step=session.first_step(number)))
             fence()

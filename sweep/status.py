@@ -14,6 +14,7 @@ from sweep.continuation import companions
 from sweep.config import sign
 from sweep.ledger import LEDGER_ATTR, study_total, summary_line
 from sweep.session import Session
+from sweep.slots import DEVICES_ATTR
 
 
 def collect(session: Session) -> dict[str, Any]:
@@ -67,6 +68,8 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
         "checkpoints_removed": removed,
         "resumes": int(attrs.get("resumes", 0)),
+        # the devices its latest run trained on, "<platform>:<host-wide index>" (sweep/slots.py)
+        "devices": attrs.get(DEVICES_ATTR),
         "metrics": attrs.get("metrics") or metrics_at(t, attrs.get("best_step", best_step), t_metric),
         "train_loss": train_loss_at(t, attrs.get("best_step", best_step)),  # mean, the interval before best_step
         # XLA compilations, executables from the persistent cache and compile seconds, all its runs
@@ -86,8 +89,10 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     remote = any("remote_step" in t for t in status["trials"])
+    # A host of one device says nothing new: the column shows where trials could differ.
+    devices = len({d for t in status["trials"] for d in t.get("devices") or ()}) > 1
     head = ["", "number", "state", *names, status["metric"], *extra, "best_step", "last_step", "resumes", "lost",
-            "ckpt_age", *(["remote"] if remote else [])]
+            "ckpt_age", *(["devices"] if devices else []), *(["remote"] if remote else [])]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
@@ -98,6 +103,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
                      "removed" if t.get("checkpoints_removed") else _age(now - mtime) if mtime else "-",
+                     *([",".join(t.get("devices") or ["-"])] if devices else []),
                      *([_remote_cell(t)] if remote else [])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
