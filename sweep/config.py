@@ -198,6 +198,9 @@ class Parallel(_Model):
     # dask backend, through distributed.Client(address)).
     backend: Literal["loky", "dask"] = "loky"
     address: Annotated[str, Field(min_length=1)] | None = None  # the Dask scheduler, e.g. tcp://host:8786
+    # Dask worker resources each sweep worker takes, e.g. {device: 1}: one per Dask worker started
+    # with --resources device=1 (dask-cuda: one Dask worker per GPU). Only with backend dask.
+    resources: dict[str, Annotated[float, Field(gt=0)]] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Parallel:
@@ -206,6 +209,8 @@ class Parallel(_Model):
                              "got None")
         if self.backend != "dask" and self.address is not None:
             raise ValueError(f"address: is only used with backend dask, got {self.address!r}")
+        if self.backend != "dask" and self.resources is not None:
+            raise ValueError(f"resources: are Dask worker resources, only used with backend dask, got {self.resources!r}")
         if self.backend == "dask" and importlib.util.find_spec("distributed") is None:
             raise ValueError("backend: dask needs the `distributed` package (pip install 'sweep[dask]'), got 'dask'")
         return self

@@ -298,3 +298,15 @@ def needs_probe() -> bool:
     """Whether `host_devices()` would start a subprocess (an accelerator plugin is installed)."""
     platforms = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
     return not _backend_started() and platforms != "cpu" and (bool(platforms) or bool(_accelerator_plugins()))
+
+
+def keep_first_visible(k: int) -> None:
+    """In a Dask worker: keep only the first `k` GPUs of its visible-devices list. dask-cuda gives
+    each worker a rotated list with its own GPU first ("3,0,1,2"), and JAX would start on all of
+    them, preallocating memory on every GPU in every worker."""
+    if _backend_started():
+        return
+    for variable in VISIBLE_VARIABLE.values():
+        entries = [e.strip() for e in os.environ.get(variable, "").split(",") if e.strip()]
+        if len(entries) > k:
+            os.environ[variable] = ",".join(entries[:k])

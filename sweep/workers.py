@@ -147,13 +147,14 @@ def _dask_worker(source: Source, quiet: bool, verbose: bool, stop_event: str) ->
     import distributed
 
     from sweep import config as config_lib
-    from sweep import logs, scheduler
+    from sweep import logs, scheduler, slots
     from sweep.session import Session
     from sweep.signals import StopSignal
 
     logs.setup(quiet, verbose)
     # chdir'ed: relative workdir/storage/trial module paths mean what they meant to the parent
     config = config_lib.from_source(source)
+    slots.keep_first_visible(config.study.train.devices)  # before JAX starts in this Dask worker
     stop = StopSignal(config.study.checkpoint.grace_seconds)
     event = distributed.Event(stop_event)
     done = threading.Event()
@@ -207,9 +208,13 @@ def _run_dask(config: Config, n_jobs: int, stop: StopSignal, quiet: bool, verbos
                 return
 
     threading.Thread(target=forward_stop, name="sweep-dask-forward", daemon=True).start()
-    log.info("running %d worker(s) on the Dask cluster at %s", n_jobs, config.study.parallel.address)
+    log.info("running %d worker(s) on the Dask cluster at %s%s", n_jobs, config.study.parallel.address,
+             f", each with resources {dict(config.study.parallel.resources)}" if config.study.parallel.resources else "")
     try:
-        with joblib.parallel_config(backend="dask"):
+        # parallel.resources: each worker's task waits for a Dask worker with that much of each resource
+        # free (resources={"device": 1}: one sweep worker per GPU worker of dask-cuda).
+        resources = config.study.parallel.resources
+        with joblib.parallel_config(backend="dask", **({"resources": dict(resources)} if resources else {})):
             joblib.Parallel(n_jobs=n_jobs)(
                 joblib.delayed(_dask_worker)(config.source, quiet, verbose, name) for _ in range(n_jobs))
     finally:

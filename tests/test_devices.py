@@ -135,24 +135,26 @@ def _run_jobs(study, n_jobs: str, env=FOUR, *extra: str) -> Running:
 def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_one_process(write_study):
     from test_workers import _loky_children
 
-    settings = dict(n_trials=6, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
-                    train={"steps": 60000, "eval_every": 5000}, checkpoint={"every_steps": 10000})
+    settings = dict(n_trials=5, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
+                    train={"steps": 40000, "eval_every": 5000}, checkpoint={"every_steps": 10000})
     reference = write_study("reference.yaml", name="ref", **settings)
     assert Running("run", reference, cwd=reference.parent, env=FOUR).finish() == 0
     study = write_study(**settings)
     proc = Running("run", study, "--n-jobs", "4", "--verbose", cwd=study.parent, env=FOUR)
-    for number in range(4):  # four trials at once, each past its first checkpoint: all mid-trial
-        wait_for_checkpoint(checkpoint_dir(study, number), 10000)
-    victim = _loky_children(proc.proc.pid)[0]
-    slot = proc.wait_for(rf"worker process {victim}: devices (cpu:\d)").group(1)
+    m = proc.wait_for(r"trial (\d+): on (cpu:[123])\n")  # a trial in a helper process (cpu:0 is this one's)
+    number, slot = int(m.group(1)), m.group(2)
+    victim = int(proc.wait_for(rf"worker process (\d+): devices {slot}\n").group(1))
+    wait_for_checkpoint(checkpoint_dir(study, number), 10000)  # mid-trial
+    assert victim in _loky_children(proc.proc.pid)
     mark = len(proc.lines)
     os.kill(victim, signal.SIGKILL)
     assert proc.finish() == 0, proc.stderr
     after = "".join(proc.lines[mark:])
     assert "a worker process died" in after
     replacement = re.search(rf"worker process (\d+): devices {slot}\n", after)
-    assert replacement and int(replacement.group(1)) != victim, after  # a new process on the same slot
-    assert re.search(rf"trial \d+: on {slot}\n", after), after  # which trained a trial there
+    # a new process runs a worker on the same slot (whether a trial is left for it is a race)
+    assert replacement and int(replacement.group(1)) != victim, after
+    assert f"trial {number}: resumed from step" in after
     assert {d for t in study_of(study).trials for d in t.user_attrs["devices"]} <= {f"cpu:{i}" for i in range(4)}
     assert snapshot(study) == snapshot(reference)
 

@@ -125,3 +125,25 @@ def test_live_view_and_status_table_show_devices_where_trials_differ():
               "trials": [entry]}
     rows = status.table(report).splitlines()
     assert rows[1].split()[-1] == "devices" and rows[2].split()[-1] == "gpu:4,gpu:5"
+
+
+def test_parallel_resources_are_dask_worker_resources_only_with_backend_dask(write_study):
+    from sweep import config as config_lib
+
+    config = config_lib.load(write_study(parallel={"backend": "dask", "address": "tcp://h:8786",
+                                                   "resources": {"device": 1}}))
+    assert config.study.parallel.resources == {"device": 1.0}
+    with pytest.raises(ConfigError, match=r"parallel.resources: are Dask worker resources, only used with backend "
+                                          r"dask, got \{'device': 1.0\}"):
+        config_lib.load(write_study(parallel={"resources": {"device": 1}}))
+
+
+def test_a_dask_cuda_worker_keeps_only_its_own_gpus_of_its_rotated_list(monkeypatch):
+    monkeypatch.setattr(slots, "_backend_started", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,0,1,2")  # dask-cuda's list for the worker of GPU 3
+    slots.keep_first_visible(1)
+    assert slots.os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert slots.Host("gpu", "cuda", 1, "jax").host_index(0) == 3  # recorded as "gpu:3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    slots.keep_first_visible(2)
+    assert slots.os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
