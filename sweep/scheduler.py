@@ -216,7 +216,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
                                 dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
                                 on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
-                                on_data_shapes=on_data_shapes, on_devices=on_devices, seed_number=session.seed_number(number),
+                                on_data_shapes=on_data_shapes, on_devices=on_devices,
+                                seed_number=session.seed_number(number),
                                 ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger,
                                                  first_step=session.first_step(number)))
             fence()

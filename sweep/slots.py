@@ -118,9 +118,7 @@ def host_devices() -> Host:
         import jax
 
         devices = jax.devices()
-        version = devices[0].client.platform_version.lower()
-        kind = "rocm" if "rocm" in version else "cuda" if "cuda" in version else devices[0].platform
-        return Host(devices[0].platform, kind, len(devices), "jax")
+        return Host(devices[0].platform, _kind(devices[0]), len(devices), "jax")
     if not needs_probe():
         return Host("cpu", "cpu", forced_cpu_devices(os.environ.get("XLA_FLAGS", "")), "XLA_FLAGS")
     env = {**os.environ, PREALLOCATE: "false"}
@@ -158,10 +156,10 @@ def plan(path: str, n_jobs: int, devices: int, per_device: int, host: Host) -> l
     groups = host.count // devices
     if n_jobs > groups * per_device:
         share = f" / trials_per_device {per_device}" if per_device > 1 else ""
+        need = -(-n_jobs * devices // per_device)  # ceil
         raise ConfigError(path, "parallel.n_jobs",
-                          f"{n_jobs} workers x train.devices {devices}{share} need "
-                          f"{-(-n_jobs * devices // per_device)} {host.platform} devices, the host has {host.count}: at "
-                          f"most {groups * per_device} workers (n_jobs: auto)"
+                          f"{n_jobs} workers x train.devices {devices}{share} need {need} {host.platform} devices, "
+                          f"the host has {host.count}: at most {groups * per_device} workers (n_jobs: auto)"
                           + ("" if per_device > 1 else ", or let workers share devices (parallel.trials_per_device)"),
                           n_jobs)
     memory = memory_settings(per_device) if host.platform == "gpu" else {}
@@ -216,6 +214,10 @@ def apply(slot: Slot | None) -> None:
     if max(slot.indices) >= len(have):
         raise SweepError(f"this worker process's JAX sees {len(have)} device(s), not device(s) "
                          f"{', '.join(slot.names())} of its slot (its backend started with other visible devices)")
+    if started and slot.platform != "cpu":
+        log.warning("JAX started in this process before its devices were chosen: it trains on %s by index, but "
+                    "holds memory on every device it sees (does the trial module compute at import?)",
+                    ",".join(slot.names()))
     _LOCAL[:] = slot.indices
     jax.config.update("jax_default_device", have[slot.indices[0]])  # inits and uncommitted arrays too
 
@@ -242,7 +244,7 @@ def names(devices: Any) -> list[str]:
     if _ASSIGNED:  # position in this process -> the slot's host index
         slot = _ASSIGNED[0]
         by_position = dict(zip(_LOCAL, slot.host))
-        return [f"{slot.platform}:{by_position[p]}" for p in positions]
+        return [f"{slot.platform}:{by_position.get(p, p)}" for p in positions]
     host = Host(have[0].platform, _kind(have[0]), len(have), "jax")
     return [f"{host.platform}:{host.host_index(p)}" for p in positions]
 

@@ -99,7 +99,11 @@ def prestart(study_file: str, n_jobs: int | None) -> None:
 def _preload(trial: str, cwd: str) -> None:
     import sweep.scheduler  # noqa: F401  (JAX, Orbax, Optuna)
 
+    from sweep import slots
+
     os.chdir(cwd)
+    if slots.needs_probe():  # an accelerator host: a trial module that computes at import would
+        return               # start JAX on every GPU before this worker's slot is set
     try:
         from sweep.protocol import import_trial
 
@@ -208,12 +212,12 @@ def _run_dask(config: Config, n_jobs: int, stop: StopSignal, quiet: bool, verbos
                 return
 
     threading.Thread(target=forward_stop, name="sweep-dask-forward", daemon=True).start()
+    resources = config.study.parallel.resources
     log.info("running %d worker(s) on the Dask cluster at %s%s", n_jobs, config.study.parallel.address,
-             f", each with resources {dict(config.study.parallel.resources)}" if config.study.parallel.resources else "")
+             f", each with resources {dict(resources)}" if resources else "")
     try:
         # parallel.resources: each worker's task waits for a Dask worker with that much of each resource
         # free (resources={"device": 1}: one sweep worker per GPU worker of dask-cuda).
-        resources = config.study.parallel.resources
         with joblib.parallel_config(backend="dask", **({"resources": dict(resources)} if resources else {})):
             joblib.Parallel(n_jobs=n_jobs)(
                 joblib.delayed(_dask_worker)(config.source, quiet, verbose, name) for _ in range(n_jobs))
