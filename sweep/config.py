@@ -417,6 +417,8 @@ def _strip_tags(loc: list[Any]) -> list[str]:
     # pydantic inserts the union tag after the search_space entry name: search_space.lr.float.low
     if len(loc) > 2 and loc[0] == "search_space" and loc[2] in ("float", "int", "categorical"):
         loc = loc[:2] + loc[3:]
+    if loc and re.fullmatch(r"constrained-\w+|literal\[.*\]", str(loc[-1])):  # a member of `int | "auto"`
+        loc = loc[:-1]
     return [str(part) for part in loc]
 
 
