@@ -1,6 +1,7 @@
 """Issue 26: trials/hour with parallel.trials_per_device M = 1, 2, 4 on forced CPU devices.
 
-The example's digits trial (random sampler, no pruner: every side trains the same trials), on
+The example's digits trial at one shape (hidden 128, adam; the learning rate sampled at random, no
+pruner: every side trains the same trials), on
 `--devices` CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count), `n_jobs: auto`, so
 M = 1, 2, 4 run D, 2D, 4D worker processes, M of them on each device. Each side first runs once
 to fill its own JAX compilation cache (executables are per device), which every measured run of
@@ -25,7 +26,11 @@ import yaml
 
 def write(root: Path, name: str, args: argparse.Namespace, m: int) -> Path:
     raw = yaml.safe_load((harness.REPO / "studies" / "digits_mlp.yaml").read_text())
+    # One shape (only the learning rate is sampled): each worker compiles once, so the sides differ
+    # in how the trials share the devices, not in how many programs they compile.
     raw.update(name=name, workdir=str(root / name), n_trials=args.trials, sampler={"type": "random", "seed": 0},
+               search_space={"learning_rate": raw["search_space"]["learning_rate"]},
+               fixed={"batch_size": 64, "hidden": 128, "optimizer": "adam"},
                pruner={"type": "none"}, train={"steps": args.steps, "eval_every": 100, "seed": 0},
                parallel={"n_jobs": "auto", "trials_per_device": m})
     path = root / f"{name}.yaml"
