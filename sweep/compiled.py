@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 import os
 import re
@@ -42,12 +41,7 @@ TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConv
 
 def mesh(devices: int) -> Any:
     """A 1-D mesh ("data") over the first `devices` devices of this process's slot (sweep/slots.py)."""
-    return _mesh(tuple(slots.local_devices(devices)))
-
-
-@functools.cache
-def _mesh(devices: tuple[Any, ...]) -> Any:
-    return jax.sharding.Mesh(np.array(devices), ("data",))
+    return jax.sharding.Mesh(np.array(slots.local_devices(devices)), ("data",))  # JAX caches equal meshes
 
 
 def replicated(devices: int) -> Any:
