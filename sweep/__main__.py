@@ -11,6 +11,15 @@ from typing import Any
 from sweep.errors import Interrupted, SweepError, UsageError
 
 
+def _n_jobs(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or 'auto', got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sweep", description=(
         "Hyperparameter sweeps with per-trial resume. Re-run the same `run` command after any "
@@ -21,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="start a study, or resume it after any interruption")
     run.add_argument("study_file", metavar="STUDY.yaml")
-    run.add_argument("--n-jobs", type=int, default=None, help="trials at once (overrides parallel.n_jobs)")
+    run.add_argument("--n-jobs", type=_n_jobs, default=None, metavar="N|auto",
+                     help="trials at once (overrides parallel.n_jobs); auto: one per device slot")
     run.add_argument("--quiet", action="store_true", help="only warnings, errors and the summary")
     run.add_argument("--verbose", action="store_true", help="also library logs (JAX, Orbax, Optuna)")
     run.add_argument("--log-every", type=float, default=30.0, metavar="SECONDS",
@@ -60,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_run(args: argparse.Namespace) -> int:
     from sweep import api, workers
 
-    if args.n_jobs is not None and args.n_jobs < 1:
+    if isinstance(args.n_jobs, int) and args.n_jobs < 1:
         raise UsageError(f"--n-jobs: must be >= 1, got {args.n_jobs}")
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
     from sweep.summary import no_complete_trial

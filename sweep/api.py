@@ -32,12 +32,13 @@ class StudySession(Session):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, n_jobs: int | None = None, *, quiet: bool = False, verbose: bool = False,
+    def run(self, n_jobs: int | str | None = None, *, quiet: bool = False, verbose: bool = False,
             progress: bool = True, log_every: float = 30.0, _exit_on_signal: bool = False) -> dict[str, Any]:
         """Start the study, or resume it after any interruption, until `n_trials` are finished.
 
         Args:
-            n_jobs: trials at once (default: the study's `parallel.n_jobs`).
+            n_jobs: trials at once (default: the study's `parallel.n_jobs`); "auto": one per device
+                slot (sweep/slots.py).
             quiet / verbose: sweep's log level (warnings only / library logs too).
             progress: show progress on stderr: a live table on a terminal, else a log line per
                 running trial every `log_every` seconds.
@@ -46,22 +47,33 @@ class StudySession(Session):
             `status()` of the study afterwards.
 
         Raises:
-            ConfigError: a sampler/pruner argument or the device count is wrong (nothing created).
+            ConfigError: a sampler/pruner argument or the device count is wrong, or the workers need
+                more devices than the host has (nothing created).
             Interrupted: SIGTERM/SIGINT (in the main thread): running trials were checkpointed.
         """
-        from sweep import logs, progress as progress_lib
+        from sweep import logs, slots
+
+        config = self.config
+        n_jobs = n_jobs if n_jobs is not None else config.study.parallel.n_jobs
+        if n_jobs != "auto" and (not isinstance(n_jobs, int) or n_jobs < 1):
+            raise UsageError(f"n_jobs: must be >= 1 or 'auto', got {n_jobs!r}")
+        if not log_every > 0:
+            raise UsageError(f"log_every: must be > 0, got {log_every}")
+        logs.setup(quiet, verbose)
+        # Before JAX starts here: this process is worker 0, and on GPUs its slot decides what it sees.
+        n, worker_slots = slots.for_run(config, n_jobs)
+        with slots.assigned(worker_slots[0] if worker_slots else None):
+            return self._run(n, worker_slots, quiet, verbose, progress, log_every, _exit_on_signal)
+
+    def _run(self, n_jobs: int, worker_slots: list[Any] | None, quiet: bool, verbose: bool, progress: bool,
+             log_every: float, _exit_on_signal: bool) -> dict[str, Any]:
+        from sweep import progress as progress_lib
         from sweep.samplers import check_config
         from sweep.signals import StopSignal
         from sweep.workers import dask_client, run_workers
 
         config = self.config
-        n_jobs = n_jobs if n_jobs is not None else config.study.parallel.n_jobs
-        if n_jobs < 1:
-            raise UsageError(f"n_jobs: must be >= 1, got {n_jobs}")
-        if not log_every > 0:
-            raise UsageError(f"log_every: must be > 0, got {log_every}")
         check_config(config)
-        logs.setup(quiet, verbose)
         self.check_before_run()
         # The quick exit of a run still starting up only where this process runs every trial
         # (no helper process or Dask worker whose trials it would cut off).
@@ -75,7 +87,7 @@ class StudySession(Session):
             view: Any = contextlib.nullcontext() if quiet or not progress else progress_lib.Display(
                 self, live=sys.stderr.isatty(), every_s=log_every)
             with view, client or contextlib.nullcontext():
-                run_workers(self, n_jobs, stop, quiet=quiet, verbose=verbose, client=client)
+                run_workers(self, n_jobs, stop, quiet=quiet, verbose=verbose, client=client, slots=worker_slots)
         finally:
             stop.restore()
         return self.status()

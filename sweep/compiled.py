@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sweep import slots
 from sweep.kinds import PlainKind, takes_step
 from sweep.stream import streaming
 
@@ -39,10 +39,9 @@ TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConv
                  jax.errors.TracerArrayConversionError)
 
 
-@functools.cache
 def mesh(devices: int) -> Any:
-    """A 1-D mesh ("data") over the first `devices` devices JAX sees."""
-    return jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+    """A 1-D mesh ("data") over the first `devices` devices of this process's slot (sweep/slots.py)."""
+    return jax.sharding.Mesh(np.array(slots.local_devices(devices)), ("data",))  # JAX caches equal meshes
 
 
 def replicated(devices: int) -> Any:
@@ -50,8 +49,8 @@ def replicated(devices: int) -> Any:
 
 
 def placement(devices: int) -> Any:
-    """Where a trial's state and data live: the first device, or replicated over `devices`."""
-    return replicated(devices) if devices > 1 else jax.devices()[0]
+    """Where a trial's state and data live: the slot's device, or replicated over its `devices`."""
+    return replicated(devices) if devices > 1 else slots.local_devices(1)[0]
 
 
 def _split_batch(batch: Any, devices: int) -> Any:
@@ -204,7 +203,9 @@ class FunctionCache:
         """
         kind = kind or PlainKind()
         static = {k: v for k, v in hp.items() if k not in traced}
-        key = ("trial", *self._module_key(module), repr(sorted(static.items())), traced, devices, kind.static_key())
+        # A multi-device program pins its outputs to its mesh: keyed by the devices themselves.
+        where = devices if devices == 1 else tuple(slots.local_devices(devices))
+        key = ("trial", *self._module_key(module), repr(sorted(static.items())), traced, where, kind.static_key())
         return self._lookup(key, module, static, lambda: _build(module, kind, static, devices), fallback=id(kind))
 
     def init(self, module: Any, static: Mapping[str, Any], traced: tuple[str, ...], layout: tuple[Any, ...],

@@ -201,13 +201,17 @@ class Checkpoint(_Model):
 
 
 class Parallel(_Model):
-    n_jobs: Annotated[int, Field(ge=1)] = 1
+    n_jobs: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # auto: one worker per device slot (sweep/slots.py)
+    trials_per_device: Annotated[int, Field(ge=1)] = 1  # workers sharing each slot's devices (GPU memory / M each)
     # A worker on another host that stopped renewing its claims this long ago is taken for dead.
     lease_grace_seconds: Annotated[float, Field(gt=0)] = 60.0
     # Where the n_jobs workers run: local processes (joblib's loky) or a Dask cluster (joblib's
     # dask backend, through distributed.Client(address)).
     backend: Literal["loky", "dask"] = "loky"
     address: Annotated[str, Field(min_length=1)] | None = None  # the Dask scheduler, e.g. tcp://host:8786
+    # Dask worker resources each sweep worker takes, e.g. {device: 1}: one per Dask worker started
+    # with --resources device=1 (dask-cuda: one Dask worker per GPU). Only with backend dask.
+    resources: dict[str, Annotated[float, Field(gt=0)]] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Parallel:
@@ -216,6 +220,8 @@ class Parallel(_Model):
                              "got None")
         if self.backend != "dask" and self.address is not None:
             raise ValueError(f"address: is only used with backend dask, got {self.address!r}")
+        if self.backend != "dask" and self.resources is not None:
+            raise ValueError(f"resources: are Dask worker resources, only used with backend dask, got {self.resources!r}")
         if self.backend == "dask" and importlib.util.find_spec("distributed") is None:
             raise ValueError("backend: dask needs the `distributed` package (pip install 'sweep[dask]'), got 'dask'")
         return self
@@ -422,6 +428,8 @@ def _strip_tags(loc: list[Any]) -> list[str]:
     # pydantic inserts the union tag after the search_space entry name: search_space.lr.float.low
     if len(loc) > 2 and loc[0] == "search_space" and loc[2] in ("float", "int", "categorical"):
         loc = loc[:2] + loc[3:]
+    if loc and re.fullmatch(r"constrained-\w+|literal\[.*\]", str(loc[-1])):  # a member of `int | "auto"`
+        loc = loc[:-1]
     return [str(part) for part in loc]
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from sweep.record import best_of_reports, checkpoint_folder
+from sweep.record import DEVICES, best_of_reports, checkpoint_folder
 from sweep.checkpoints import newest_mtime
 from sweep.session import FINISHED, Session
 
@@ -33,6 +33,7 @@ class TrialLine:
     steps_per_s: float | None
     ckpt_age_s: float | None
     compiling: bool = False  # running in this process, its first window (with the compile) not done
+    devices: tuple[str, ...] = ()  # where it trains ("cpu:2"), from its user attributes (sweep/slots.py)
 
     @property
     def eta_s(self) -> float | None:
@@ -120,7 +121,8 @@ class Monitor:
             value=reports[max(reports)] if reports else None,
             best=best[1] if best else None,
             steps_per_s=rate, ckpt_age_s=now - mtime if mtime else None,
-            compiling=here and t.number not in self._rates)
+            compiling=here and t.number not in self._rates,
+            devices=tuple(t.user_attrs.get(DEVICES) or ()))
 
 
 def _fmt(v: float | None, spec: str = ".4g") -> str:
@@ -154,14 +156,17 @@ def table(study: StudyLine, trials: list[TrialLine], metric: str) -> Any:
     from rich.table import Table
 
     t = Table(title=study_text(study, metric), title_justify="left", expand=False, box=None, pad_edge=False)
+    devices = len({d for line in trials for d in line.devices}) > 1  # trials on several devices: say which
     for name, justify in (("trial", "right"), ("", "left"), ("step", "right"), (metric, "right"),
-                          ("best", "right"), ("steps/s", "right"), ("eta", "right"), ("checkpoint", "right")):
+                          ("best", "right"), ("steps/s", "right"), ("eta", "right"), ("checkpoint", "right"),
+                          *([("devices", "left")] if devices else [])):
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for line in trials:
         t.add_row(str(line.number), ProgressBar(total=line.total, completed=line.step, width=24),
                   f"{line.step}/{line.total}", _fmt(line.value), _fmt(line.best),
                   "compiling" if line.compiling else _fmt(line.steps_per_s, ".0f"), _duration(line.eta_s),
-                  f"{_duration(line.ckpt_age_s)} ago" if line.ckpt_age_s is not None else "-")
+                  f"{_duration(line.ckpt_age_s)} ago" if line.ckpt_age_s is not None else "-",
+                  *([",".join(line.devices) or "-"] if devices else []))
     return t
 
 

@@ -28,6 +28,7 @@ RESUMES = "resumes"  # interruptions: runs that ended without finishing it (swee
 RESUMED_FROM = "resumed_from"  # the steps it was resumed from
 FAILURES, ERROR = "failures", "error"  # retries used, and the last error (truncated)
 LEDGER = "ledger"  # where its time went (sweep/ledger.py)
+DEVICES = "devices"  # ["<platform>:<host index>", ...]: the devices its latest run trained on (sweep/slots.py)
 CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the trial `continue` trains further
 # Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
 # curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.

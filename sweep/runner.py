@@ -11,9 +11,9 @@ from typing import Any, Callable, Mapping, Protocol
 import jax
 import numpy as np
 
-from sweep import compiled
-from sweep.record import best_of_reports
+from sweep import compiled, slots
 from sweep.cadence import Cadence
+from sweep.record import best_of_reports
 from sweep.checkpoints import TrialCheckpoints, host_copy
 from sweep.config import Config
 from sweep.errors import Interrupted, NonFiniteMetric
@@ -76,6 +76,7 @@ def run_trial(
     on_evaluation: Callable[[int, dict[str, float]], None] | None = None,
     on_compiles: Callable[[dict[str, float]], None] | None = None,
     on_data_shapes: Callable[[dict[str, Any]], None] | None = None,
+    on_devices: Callable[[list[str]], None] | None = None,
     ledger: RunLedger | None = None,
     seed_number: int | None = None,
 ) -> Outcome:
@@ -96,6 +97,8 @@ def run_trial(
         on_data_shapes: called at the start with the shapes and dtypes of the trial's data
             (`state.shapes_of`; not called for data that is not a dict of arrays): loaders build
             their restore template from them without loading the data.
+        on_devices: called at the start with the devices the trial trains on ("cpu:2", "gpu:5":
+            host-wide indices, sweep/slots.py).
         on_compiles: called once the trial stops running here (also on a signal or an error)
             with what this run of it compiled: {"compilations", "cache_hits", "compile_seconds"}
             (process-wide counters: exact while the process runs one trial at a time).
@@ -123,6 +126,8 @@ def run_trial(
         # differs, so a resume would miss the persistent cache and compile anew.
         place = compiled.placement(devices)
         state, data = jax.device_put((state, data), place)
+        if on_devices is not None:  # where it trains, read from the placed state itself
+            on_devices(slots.names(jax.tree.leaves(state)[0].sharding.device_set))
         sign = study.objective.sign
         with ledger.timed("restoring"):
             start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)

@@ -13,9 +13,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
-from sweep import retention
-from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, ERROR, FAILURES,
-                          LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at)
+from sweep import retention, slots
+from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
+                          FAILURES, LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at)
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
@@ -197,6 +197,12 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 fence()
                 trial.set_user_attr(DATA_SHAPES_ATTR, shapes)
 
+        def on_devices(names: list[str]) -> None:
+            fence()
+            trial.set_user_attr(DEVICES, names)
+            if slots.assigned_here():  # a host of several devices: say which slot the trial runs on
+                log.info("trial %d: on %s", number, ",".join(names))
+
         def on_compiles(counts: dict[str, float]) -> None:
             try:
                 fence()
@@ -217,7 +223,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
                                 dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
                                 on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
-                                on_data_shapes=on_data_shapes, seed_number=session.seed_number(number),
+                                on_data_shapes=on_data_shapes, on_devices=on_devices,
+                                seed_number=session.seed_number(number),
                                 ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
                                                  resumed=resumed))
             fence()

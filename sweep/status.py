@@ -9,8 +9,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import ledger as ledger_lib
 from sweep import retention
-from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, LAST_STEP, METRICS, best_of_reports,
-                          checkpoint_folder, companions, metrics_at, train_loss_at)
+from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP, METRICS,
+                          best_of_reports, checkpoint_folder, companions, metrics_at, train_loss_at)
 from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.config import sign
@@ -74,6 +74,8 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "resumes": int(attrs.get(RESUMES_ATTR, 0)),  # its interruptions (sweep/ledger.py)
         # {"study", "number", "last_step"} of the trial `continue` trained further (companion studies)
         "continued_from": attrs.get(CONTINUED_FROM),
+        # the devices its latest run trained on, "<platform>:<host-wide index>" (sweep/slots.py)
+        "devices": attrs.get(DEVICES),
         "metrics": attrs.get(METRICS) or metrics_at(t, attrs.get(BEST_STEP, best_step), t_metric),
         "train_loss": train_loss_at(t, attrs.get(BEST_STEP, best_step)),  # mean, the interval before best_step
         # XLA compilations, executables from the persistent cache and compile seconds, all its runs
@@ -97,8 +99,11 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     remote = any("remote_step" in t for t in status["trials"])
     linked = any(t.get("continued_from") for t in status["trials"])
+    # A host of one device says nothing new: the column shows where trials could differ.
+    devices = len({d for t in status["trials"] for d in t.get("devices") or ()}) > 1
     head = ["", "number", "state", *(["continued_from"] if linked else []), *names, status["metric"], *extra,
-            "best_step", "last_step", "resumes", "lost", "ckpt_every", "ckpt_age", *(["remote"] if remote else [])]
+            "best_step", "last_step", "resumes", "lost", "ckpt_every", "ckpt_age", *(["devices"] if devices else []),
+            *(["remote"] if remote else [])]
     rows = [head]
     now = time.time()
     for t in status["trials"]:
@@ -111,6 +116,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
                      _interval(t.get("checkpoint_interval")),
                      "removed" if t.get("checkpoints_removed") else _age(now - mtime) if mtime else "-",
+                     *([",".join(t.get("devices") or ["-"])] if devices else []),
                      *([_remote_cell(t)] if remote else [])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # light at import: `run` calls prestart() before it imports J
     from sweep.config import Config, Source
     from sweep.session import Session
     from sweep.signals import StopSignal
+    from sweep.slots import Slot
 
 log = logging.getLogger("sweep")
 
@@ -75,7 +76,14 @@ def prestart(study_file: str, n_jobs: int | None) -> None:
     try:
         raw = yaml.safe_load(open(study_file, encoding="utf-8"))
         parallel = raw.get("parallel") or {}
-        n = n_jobs if n_jobs is not None else int(parallel.get("n_jobs", 1))
+        n = n_jobs if n_jobs is not None else parallel.get("n_jobs", 1)
+        if n == "auto":  # counted without starting JAX; a host that needs a probe starts them later
+            from sweep import slots
+
+            host = slots.host_devices() if not slots.needs_probe() else None
+            n = slots.resolve_n_jobs(n, int((raw.get("train") or {}).get("devices", 1)),
+                                     int(parallel.get("trials_per_device", 1)), host) if host else 1
+        n = int(n)
         trial = str(raw.get("trial", ""))
     except Exception:  # an unreadable file: validation reports it
         return
@@ -91,7 +99,11 @@ def prestart(study_file: str, n_jobs: int | None) -> None:
 def _preload(trial: str, cwd: str) -> None:
     import sweep.scheduler  # noqa: F401  (JAX, Orbax, Optuna)
 
+    from sweep import slots
+
     os.chdir(cwd)
+    if slots.needs_probe():  # an accelerator host: a trial module that computes at import would
+        return               # start JAX on every GPU before this worker's slot is set
     try:
         from sweep.protocol import import_trial
 
@@ -100,19 +112,23 @@ def _preload(trial: str, cwd: str) -> None:
         pass  # the study file names no importable trial: validation in the parent says so
 
 
-def _worker(source: Source, quiet: bool, verbose: bool, cpus: list[int] | None = None) -> None:
+def _worker(source: Source, quiet: bool, verbose: bool, cpus: list[int] | None = None,
+            slot: Slot | None = None) -> None:
     # Each worker is a full scheduler: claims in the database keep every trial to one worker.
     from sweep import config as config_lib
-    from sweep import logs, scheduler
+    from sweep import logs, scheduler, slots
     from sweep.session import Session
     from sweep.signals import StopSignal
 
+    slots.apply(slot)  # before anything starts JAX's backend here
     if cpus:
         _pin(cpus)
     if not _WATCHING:
         _WATCHING.append(os.getppid())
         threading.Thread(target=_watch_parent, name="sweep-parent-watch", daemon=True).start()
     logs.setup(quiet, verbose)
+    if slot is not None:
+        log.debug("worker process %d: devices %s", os.getpid(), ",".join(slot.names()))
     config = config_lib.from_source(source)
     stop = StopSignal(config.study.checkpoint.grace_seconds)
     stop.install()
@@ -135,13 +151,14 @@ def _dask_worker(source: Source, quiet: bool, verbose: bool, stop_event: str) ->
     import distributed
 
     from sweep import config as config_lib
-    from sweep import logs, scheduler
+    from sweep import logs, scheduler, slots
     from sweep.session import Session
     from sweep.signals import StopSignal
 
     logs.setup(quiet, verbose)
     # chdir'ed: relative workdir/storage/trial module paths mean what they meant to the parent
     config = config_lib.from_source(source)
+    slots.keep_first_visible(config.study.train.devices)  # before JAX starts in this Dask worker
     stop = StopSignal(config.study.checkpoint.grace_seconds)
     event = distributed.Event(stop_event)
     done = threading.Event()
@@ -195,9 +212,13 @@ def _run_dask(config: Config, n_jobs: int, stop: StopSignal, quiet: bool, verbos
                 return
 
     threading.Thread(target=forward_stop, name="sweep-dask-forward", daemon=True).start()
-    log.info("running %d worker(s) on the Dask cluster at %s", n_jobs, config.study.parallel.address)
+    resources = config.study.parallel.resources
+    log.info("running %d worker(s) on the Dask cluster at %s%s", n_jobs, config.study.parallel.address,
+             f", each with resources {dict(resources)}" if resources else "")
     try:
-        with joblib.parallel_config(backend="dask"):
+        # parallel.resources: each worker's task waits for a Dask worker with that much of each resource
+        # free (resources={"device": 1}: one sweep worker per GPU worker of dask-cuda).
+        with joblib.parallel_config(backend="dask", **({"resources": dict(resources)} if resources else {})):
             joblib.Parallel(n_jobs=n_jobs)(
                 joblib.delayed(_dask_worker)(config.source, quiet, verbose, name) for _ in range(n_jobs))
     finally:
@@ -206,10 +227,11 @@ def _run_dask(config: Config, n_jobs: int, stop: StopSignal, quiet: bool, verbos
 
 
 def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = False,
-                verbose: bool = False, client: Any = None) -> None:
+                verbose: bool = False, client: Any = None, slots: list[Slot] | None = None) -> None:
     """Run until the study is done; the session is open afterwards.
 
     `client`: a `dask_client(config)`, where parallel.backend is dask.
+    `slots`: each worker's devices (sweep/slots.py), worker 0 (this process, already assigned) first.
     """
     from sweep import scheduler
 
@@ -224,7 +246,7 @@ def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = F
     # This process is worker 0 (its imports are done, a fresh process would spend seconds on them);
     # joblib's loky backend runs workers 1..n_jobs-1. Each runs on its share of the cores.
     shares = core_shares(n_jobs)
-    helpers = _LokyWorkers(config, shares[1:], quiet, verbose)
+    helpers = _LokyWorkers(config, list(zip(shares[1:], (slots or [None] * n_jobs)[1:])), quiet, verbose)
     cpus = os.sched_getaffinity(0)
     _pin(shares[0])
     try:
@@ -242,9 +264,14 @@ MAX_WORKER_RESTARTS = 10  # a worker that keeps dying (a trial that always exhau
 
 
 class _LokyWorkers:
-    """len(shares) worker processes through joblib's loky executor, waited for by a background thread."""
+    """len(shares) worker processes through joblib's loky executor, waited for by a background thread.
 
-    def __init__(self, config: Config, shares: list[list[int]], quiet: bool, verbose: bool) -> None:
+    `shares`: each worker's (cores, device slot); a worker started in place of a dead one gets its
+    share: its slot is reused (loky starts fresh processes after a death, so no JAX has started in
+    them with another slot's devices)."""
+
+    def __init__(self, config: Config, shares: list[tuple[list[int], Slot | None]], quiet: bool,
+                 verbose: bool) -> None:
         self._error: BaseException | None = None
         self._executor: Any = None
         self._stopping = False
@@ -252,7 +279,7 @@ class _LokyWorkers:
                                         name="sweep-loky", daemon=True)
         self._thread.start()
 
-    def _run(self, config: Config, shares: list[list[int]], quiet: bool, verbose: bool) -> None:
+    def _run(self, config: Config, shares: list[tuple[list[int], Slot | None]], quiet: bool, verbose: bool) -> None:
         # joblib's loky executor itself: joblib.Parallel would run a single job in this thread.
         from joblib.externals.loky import get_reusable_executor
         from joblib.externals.loky.process_executor import BrokenProcessPool
@@ -261,9 +288,9 @@ class _LokyWorkers:
         try:
             while todo:
                 executor = self._executor = get_reusable_executor(max_workers=len(shares))
-                jobs = [(cpus, executor.submit(_worker, config.source, quiet, verbose, cpus)) for cpus in todo]
+                jobs = [(share, executor.submit(_worker, config.source, quiet, verbose, *share)) for share in todo]
                 todo = []
-                for cpus, job in jobs:
+                for share, job in jobs:
                     try:
                         job.result()
                     except BrokenProcessPool as exc:  # a worker was killed (kill -9, out of memory)
@@ -271,7 +298,7 @@ class _LokyWorkers:
                             raise
                         log.warning("a worker process died (%s); starting a new one (its trial resumes "
                                     "from its newest checkpoint)", type(exc).__name__)
-                        todo.append(cpus)
+                        todo.append(share)
                 restarts += bool(todo)
         except BaseException as exc:  # re-raised by join() in the main thread
             self._error = exc

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import Running, checkpoint_dir, run_cli, snapshot, wait_for_checkpoint
+from conftest import Running, checkpoint_dir, run_cli, snapshot, study_of, wait_for_checkpoint
 
 distributed = pytest.importorskip("distributed")  # in the `test` extra; CI installs it
 
@@ -87,3 +87,24 @@ def test_dask_backend_unreachable_scheduler_is_a_clear_error(write_study):
     assert f"parallel.address: cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
     assert not Path(study.parent / "runs").exists()  # nothing written before the cluster answered
+
+
+def test_dask_workers_with_device_resources_each_run_one_sweep_worker(write_study, reference):
+    # Two Dask workers of two threads, each with one "device" (dask-cuda's one worker per GPU, here
+    # on CPUs): resources {device: 1} put the two sweep workers on two Dask workers, never two on one.
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+                                  silence_logs=40, resources={"device": 1}) as local:
+        with distributed.Client(local) as client:
+            worker_pids = set(client.run(os.getpid).values())
+        study = write_study(trial="pid_trial", **SETTINGS,
+                            parallel={"n_jobs": 2, "backend": "dask", "address": local.scheduler_address,
+                                      "resources": {"device": 1}})
+        (study.parent / "pid_trial.py").write_text(PID_TRIAL)
+        result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    assert "running 2 worker(s) on the Dask cluster at" in result.stderr
+    assert "each with resources {'device': 1.0}" in result.stderr
+    pids = {int(p) for p in (study.parent / "pids.txt").read_text().split()}
+    assert pids == worker_pids, (pids, worker_pids)  # both Dask workers trained: one sweep worker each
+    assert all(t.user_attrs["devices"] == ["cpu:0"] for t in study_of(study).trials)
+    assert snapshot(study) == reference(**SETTINGS)

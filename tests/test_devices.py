@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -9,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, Running, checkpoint_dir, cli_env, kill9, snapshot, study_of, wait_for_checkpoint
+from conftest import (REPO, Running, checkpoint_dir, cli_env, kill9, run_cli, snapshot, study_of,
+                      wait_for_checkpoint)
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -84,5 +89,91 @@ def test_batch_not_divisible_by_devices_is_a_study_error_before_anything_exists(
     assert proc.finish() == 2, proc.stderr  # found by the check before anything is created
     assert "trials.digits_mlp's training step (batch, loss, optimizer) raised ValueError: train.devices: 4 " \
            "devices must divide the leading axis of every batch array, got shape (30, 64)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not Path(yaml.safe_load(study.read_text())["workdir"]).exists()
+
+
+# Device slots (sweep/slots.py): each worker process trains on devices of its own.
+
+SLOTS = dict(n_trials=4, sampler={"type": "random", "seed": 4}, pruner={"type": "none"},
+             train={"steps": 400, "eval_every": 100}, checkpoint={"every_steps": 200})
+
+
+def _intervals(study) -> dict[int, tuple[float, float]]:
+    return {t.number: (t.datetime_start.timestamp(), t.datetime_complete.timestamp())
+            for t in study_of(study).trials}
+
+
+def test_n_jobs_2_x_devices_2_on_4_devices_trains_on_disjoint_slots_and_equals_one_process(write_study):
+    settings = {**SLOTS, "train": {**SLOTS["train"], "devices": 2}}
+    reference = write_study("reference.yaml", name="ref", **settings)
+    assert Running("run", reference, "--n-jobs", "1", cwd=reference.parent, env=FOUR).finish() == 0
+    study = write_study(**settings)
+    proc = _run_jobs(study, "2")
+    assert "2 worker(s) on 4 cpu device(s) (XLA_FLAGS): cpu:0,cpu:1 | cpu:2,cpu:3" in proc.stderr
+    trials = study_of(study).trials
+    devices = {t.number: tuple(t.user_attrs["devices"]) for t in trials}
+    assert all(len(d) == 2 for d in devices.values()), devices
+    assert set(devices.values()) == {("cpu:0", "cpu:1"), ("cpu:2", "cpu:3")}  # both slots used
+    spans = _intervals(study)
+    for a in spans:  # trials that ran at the same time never shared a device
+        for b in spans:
+            if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]:
+                assert not set(devices[a]) & set(devices[b]), (a, b, devices)
+    status = json.loads(run_cli("status", study, "--json", cwd=study.parent).stdout)
+    assert {t["number"]: tuple(t["devices"]) for t in status["trials"]} == devices
+    assert "devices" in run_cli("status", study, cwd=study.parent).stdout.splitlines()[1]
+    assert snapshot(study) == snapshot(reference)  # bit for bit as one process on cpu:0,cpu:1
+
+
+def _run_jobs(study, n_jobs: str, env=FOUR, *extra: str) -> Running:
+    proc = Running("run", study, "--n-jobs", n_jobs, *extra, cwd=study.parent, env=env)
+    assert proc.finish() == 0, proc.stderr
+    return proc
+
+
+def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_one_process(write_study):
+    from test_workers import _loky_children
+
+    settings = dict(n_trials=5, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
+                    train={"steps": 40000, "eval_every": 5000}, checkpoint={"every_steps": 10000})
+    reference = write_study("reference.yaml", name="ref", **settings)
+    assert Running("run", reference, cwd=reference.parent, env=FOUR).finish() == 0
+    study = write_study(**settings)
+    proc = Running("run", study, "--n-jobs", "4", "--verbose", cwd=study.parent, env=FOUR)
+    m = proc.wait_for(r"trial (\d+): on (cpu:[123])\n")  # a trial in a helper process (cpu:0 is this one's)
+    number, slot = int(m.group(1)), m.group(2)
+    victim = int(proc.wait_for(rf"worker process (\d+): devices {slot}\n").group(1))
+    wait_for_checkpoint(checkpoint_dir(study, number), 10000)  # mid-trial
+    assert victim in _loky_children(proc.proc.pid)
+    mark = len(proc.lines)
+    os.kill(victim, signal.SIGKILL)
+    assert proc.finish() == 0, proc.stderr
+    after = "".join(proc.lines[mark:])
+    assert "a worker process died" in after
+    replacement = re.search(rf"worker process (\d+): devices {slot}\n", after)
+    # a new process runs a worker on the same slot (whether a trial is left for it is a race)
+    assert replacement and int(replacement.group(1)) != victim, after
+    assert f"trial {number}: resumed from step" in after
+    assert {d for t in study_of(study).trials for d in t.user_attrs["devices"]} <= {f"cpu:{i}" for i in range(4)}
+    assert snapshot(study) == snapshot(reference)
+
+
+def test_trials_per_device_2_packs_n_jobs_auto_4_workers_on_2_devices(write_study):
+    study = write_study(**{**SLOTS, "parallel": {"n_jobs": "auto", "trials_per_device": 2}})
+    proc = Running("run", study, cwd=study.parent, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert proc.finish() == 0, proc.stderr
+    assert "4 worker(s) on 2 cpu device(s) (XLA_FLAGS): cpu:0 | cpu:1 | cpu:0 | cpu:1" in proc.stderr
+    trials = study_of(study).trials
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
+    assert {tuple(t.user_attrs["devices"]) for t in trials} <= {("cpu:0",), ("cpu:1",)}
+
+
+def test_n_jobs_3_x_devices_2_on_4_devices_is_a_study_file_error_before_anything_exists(write_study):
+    study = write_study(**{**SLOTS, "train": {**SLOTS["train"], "devices": 2}, "parallel": {"n_jobs": 3}})
+    proc = Running("run", study, cwd=study.parent, env=FOUR)
+    assert proc.finish() == 2
+    assert ("study.yaml: parallel.n_jobs: 3 workers x train.devices 2 need 6 cpu devices, the host has 4: at most "
+            "2 workers (n_jobs: auto), or let workers share devices (parallel.trials_per_device), got 3") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not Path(yaml.safe_load(study.read_text())["workdir"]).exists()

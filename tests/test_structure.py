@@ -61,7 +61,7 @@ def test_the_cycle_check_finds_a_cycle():
 
 def test_trial_attribute_keys_are_spelled_only_in_the_record_module():
     keys = ("checkpoint_dir", "best_step", "best_value", "last_step", "resumed_from", "failures", "eval:", "compiles",
-            "data_shapes", "continued_from")
+            "data_shapes", "continued_from", "devices")
     pattern = re.compile(r"(user_attrs(\.get)?[\[(]|set_user_attr\()\s*\"(" + "|".join(map(re.escape, keys)) + ")")
     found = [f"{p.name}: {m.group(0)}" for p in SWEEP.glob("*.py") if p.name != "record.py"
              for m in pattern.finditer(p.read_text())]
