@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sweep.errors import ConfigError, Interrupted, SweepError
+from sweep.errors import (CheckpointsRemoved, ConfigError, DiskFault, Interrupted, StudyNotFound, SweepError,
+                          UsageError)
 
 if TYPE_CHECKING:
     from sweep.api import StudySession
     from sweep.best import LoadedTrial
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "Interrupted", "LoadedTrial", "StudySession", "SweepError", "epoch_batch", "load_best",
-           "load_export", "load_variables", "open"]
+__all__ = ["CheckpointsRemoved", "ConfigError", "DiskFault", "Interrupted", "LoadedTrial", "StudyNotFound",
+           "StudySession", "SweepError", "UsageError", "epoch_batch", "load_best", "load_export", "load_variables", "open"]
 
 
 def open(study: Any) -> StudySession:  # noqa: A001 (like io.open)

@@ -79,7 +79,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
                     _exit_on_signal=True)
         print(session.summary())
-        if session.best_trial() is None:  # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes)
+        if session._session.best_trial() is None:  # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes)
             raise SweepError(no_complete_trial(session) or "no trial completed")
     return 0
 
@@ -91,16 +91,14 @@ def _open(args: argparse.Namespace) -> Any:
     session = api.open(args.study_file)
     if getattr(args, "continued", None) is None:
         return session
-    from sweep.continuation import open_companion
-
-    return open_companion(session.config, args.continued)
+    return session.continued(args.continued)
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
-    from sweep import config as config_lib, continuation
+    from sweep import api, config as config_lib, continuation
 
     config = config_lib.load(args.study_file)
-    with continuation.start(config, args.steps, args.top, args.trial) as session:
+    with api.StudySession(continuation.start(config, args.steps, args.top, args.trial)) as session:
         session.run(1, quiet=args.quiet, _exit_on_signal=True)
         print(session.summary())
         print(f"continued trials: python -m sweep status {args.study_file} --continued {args.steps}")
@@ -112,7 +110,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     with _open(args) as session:
         report = session.status()
-        changed = session.meaning_changes() if args.continued is None else []
+        changed = session._session.meaning_changes() if args.continued is None else []
     if changed:  # a reader still reads the study; the file is what `run` would refuse
         from sweep.fingerprint import mismatch_warning
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from sweep import config as config_lib
+from sweep.config import Config
 from sweep.errors import UsageError
 from sweep.session import Session
 
@@ -19,18 +20,33 @@ if TYPE_CHECKING:
     from sweep.plan import Plan
 
 
-class StudySession(Session):
+class StudySession:
     """A study opened from Python: what `python -m sweep COMMAND` does, as methods.
 
     Nothing is created until `run()`; readers (`status`, `export`, ...) need the study to exist.
     Use it as a context manager, or call `close()`, to release the storage connection.
+
+    It wraps the internal session (storage, claims, the restart-proof sampler, the progress meter)
+    rather than inheriting it, so that only the methods below are the user's to call.
     """
+
+    def __init__(self, session: Session | Config) -> None:
+        self._session = session if isinstance(session, Session) else Session(session)
+
+    @property
+    def config(self) -> Config:
+        """The validated study (`config.study` holds the study file's keys)."""
+        return self._session.config
 
     def __enter__(self) -> StudySession:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def close(self) -> None:
+        """Release the storage connection (the session opens it again when used)."""
+        self._session.close()
 
     def run(self, n_jobs: int | str | None = None, *, quiet: bool = False, verbose: bool = False,
             progress: bool = True, log_every: float = 30.0, _exit_on_signal: bool = False) -> dict[str, Any]:
@@ -74,7 +90,7 @@ class StudySession(Session):
 
         config = self.config
         check_config(config)
-        self.check_before_run()
+        self._check_before_run()
         # The quick exit of a run still starting up only where this process runs every trial
         # (no helper process or Dask worker whose trials it would cut off).
         stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=_exit_on_signal,
@@ -85,14 +101,14 @@ class StudySession(Session):
             # A Dask cluster is reached before anything is written (an unreachable one is an error).
             client = dask_client(config) if config.study.parallel.backend == "dask" else None
             view: Any = contextlib.nullcontext() if quiet or not progress else progress_lib.Display(
-                self, live=sys.stderr.isatty(), every_s=log_every)
+                self._session, live=sys.stderr.isatty(), every_s=log_every)
             with view, client or contextlib.nullcontext():
-                run_workers(self, n_jobs, stop, quiet=quiet, verbose=verbose, client=client, slots=worker_slots)
+                run_workers(self._session, n_jobs, stop, quiet=quiet, verbose=verbose, client=client, slots=worker_slots)
         finally:
             stop.restore()
         return self.status()
 
-    def check_before_run(self) -> Plan:
+    def _check_before_run(self) -> Plan:
         """What `run` checks before it creates or asks anything; returns the plan it found.
 
         Raises:
@@ -105,7 +121,7 @@ class StudySession(Session):
         from sweep.samplers import sampler_notes
 
         try:
-            plan = plan_lib.make(self)
+            plan = plan_lib.make(self._session)
         finally:
             self.close()  # run opens it again to write (and readers keep no connection)
         if plan.refused:
@@ -128,7 +144,7 @@ class StudySession(Session):
         """
         from sweep import plan as plan_lib, preflight
 
-        plan = plan_lib.make(self)
+        plan = plan_lib.make(self._session)
         if not plan.refused:
             preflight.check(self.config)
         return plan
@@ -137,38 +153,67 @@ class StudySession(Session):
         """The end-of-run summary `run` prints (scores the best checkpoint on the test split once)."""
         from sweep import summary
 
-        return summary.text(self.open(create=False))
+        return summary.text(self._session.open(create=False))
 
     def status(self) -> dict[str, Any]:
         """The `status --json` object (every field: docs/reference.md). Reads only."""
         from sweep import status
 
-        return status.collect(self)
+        return status.collect(self._session)
 
     def export(self, out: str | os.PathLike[str], trial: int | None = None,
                include_pruned: bool = False) -> dict[str, Any]:
         """Write every COMPLETE trial's best checkpoint (or only `trial`'s) to `out`; returns index.json."""
         from sweep.export import export
 
-        return export(self, Path(out), trial=trial, include_pruned=include_pruned)
+        return export(self._session, Path(out), trial=trial, include_pruned=include_pruned)
 
     def plot(self, out: str | os.PathLike[str]) -> list[Path]:
         """Write the study's figures and every trial's learning curve; returns the files written."""
         from sweep.plot import plot
 
-        return plot(self, Path(out))
+        return plot(self._session, Path(out))
 
     def load_best(self, trial: int | None = None) -> LoadedTrial:
         """The full training state of a trial's best checkpoint (default: the study's best trial)."""
         from sweep.best import load_trial
 
-        return load_trial(self, trial)
+        return load_trial(self._session, trial)
 
     def drill(self, seed: int | None = None, keep: bool = False) -> DrillReport:
         """The recovery drill on real processes (see `python -m sweep drill --help`)."""
         from sweep.drill import drill
 
         return drill(self.config, seed=seed, keep=keep)
+
+    def continue_(self, steps: int, top: int | None = None, trials: list[int] | None = None, *,
+                  quiet: bool = False) -> StudySession:
+        """Train finished trials further to `steps` steps, as `python -m sweep continue`: the `top`
+        best COMPLETE trials, or the trials numbered in `trials`. Re-running resumes it.
+
+        Returns:
+            The companion study, run (its `status()`, `export()`, ... read the continued trials).
+
+        Raises:
+            UsageError: a chosen trial cannot be continued (named, with why).
+        """
+        from sweep import continuation
+
+        if (top is None) == (trials is None):
+            raise UsageError("continue_: give exactly one of top or trials")
+        companion = StudySession(continuation.start(self.config, steps, top, trials))
+        companion.run(1, quiet=quiet)
+        return companion
+
+    def continued(self, steps: int) -> StudySession:
+        """The companion study of the trials continued to `steps` steps, to read (`status()`, `export()`, ...).
+
+        Raises:
+            StudyNotFound: no trial was continued to `steps` steps.
+        """
+        from sweep import continuation
+
+        return StudySession(continuation.open_companion(self.config, steps))
 
 
 def open(study: str | os.PathLike[str] | Mapping[str, Any]) -> StudySession:  # noqa: A001 (like io.open)

@@ -22,7 +22,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import config as config_lib
 from sweep import integrity, retention
-from sweep.api import StudySession
 from sweep.record import CONTINUED_FROM, EVAL_ATTR_PREFIX, LAST_STEP, checkpoint_folder, companion_name
 from sweep.checkpoints import kept_steps, newest_step
 from sweep.config import Config
@@ -45,7 +44,7 @@ def companion_config(config: Config, steps: int, n_trials: int | None = None) ->
     return config_lib.from_dict(raw, origin=f"{config.path} (continued to {steps} steps)")
 
 
-class ContinuingSession(StudySession):
+class ContinuingSession(Session):
     """The companion study, run: each new trial is the next chosen trial, continued."""
 
     def __init__(self, config: Config, source: Config, chosen: list[FrozenTrial]) -> None:
@@ -157,13 +156,13 @@ def choose(session: Session, steps: int, top: int | None, numbers: list[int] | N
     return chosen
 
 
-def open_companion(config: Config, steps: int) -> StudySession:
+def open_companion(config: Config, steps: int) -> Session:
     """The companion study of `config` continued to `steps` steps, for status, export and plot.
 
     Raises:
         StudyNotFound: no trial of the study was continued to `steps` steps.
     """
-    session = StudySession(companion_config(config, steps))
+    session = Session(companion_config(config, steps))
     if not session.open_existing():
         raise StudyNotFound(f"study {config.name!r} has no trials continued to {steps} steps "
                             f"(`python -m sweep continue {config.path} --steps {steps} ...` makes them)")

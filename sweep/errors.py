@@ -59,3 +59,8 @@ class TakenOver(SweepError):
 
 class RemoteFault(DiskFault):
     """The remote tier (checkpoint.remote) cannot be read: exit 1, the trial stays resumable."""
+
+
+class CheckpointsRemoved(SweepError):
+    """The trial's checkpoints were removed by the study's disk budget (`checkpoint.keep_trials`,
+    `checkpoint.max_disk`): its record stays, its weights are gone. Exit 1 on the command line."""

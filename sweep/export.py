@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from sweep import retention
 from sweep.best import best_state
 from sweep.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, train_loss_at
-from sweep.errors import SweepError
+from sweep.errors import CheckpointsRemoved, SweepError
 from sweep.export_format import flatten
 from sweep.session import Session
 
@@ -87,7 +87,7 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                 "COMPLETE or PRUNED" if include_pruned else "COMPLETE (see --include-pruned)")
             raise SweepError(f"cannot export trial {trial} of study {config.name!r}: {why}")
     if trial is not None and trial in removed:
-        raise retention.CheckpointsRemoved(retention.removed_message(trial, config.checkpoint_dir(trial),
+        raise CheckpointsRemoved(retention.removed_message(trial, config.checkpoint_dir(trial),
                                                                      removed[trial]))
     skipped = {t.number: removed[t.number] for t in trials if t.number in removed}
     trials = [t for t in trials if t.number not in removed]

@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import integrity
 from sweep.words import size as size_text
-from sweep.errors import DiskFault, SweepError
+from sweep.errors import CheckpointsRemoved, DiskFault
 from sweep.record import BEST_STEP, checkpoint_folder
 
 log = logging.getLogger("sweep")
@@ -37,10 +37,6 @@ _DOOMED = ".removing"  # suffix of a folder renamed for deletion
 # Orbax's ~30 small files and folders beside a step's array bytes, as allocated on disk (4 KB
 # blocks): the estimate of a trial's first step; later steps are estimated by the newest one.
 FIRST_STEP_OVERHEAD_BYTES = 128 << 10
-
-
-class CheckpointsRemoved(SweepError):
-    """The trial's checkpoints were removed by the study's disk budget."""
 
 
 @contextlib.contextmanager

@@ -112,13 +112,14 @@ def handlers() -> tuple[Any, Any]:
 
 def watch_steps(session: Any, watch: Callable[[int, int], None]) -> None:
     """Let `watch(number, step)` see every training window of the session's trials, after the session does."""
-    inner = session.on_step
+    internal = session._session  # the progress meter is the internal session's
+    inner = internal.on_step
 
     def both(number: int, step: int) -> None:
         inner(number, step)
         watch(number, step)
 
-    session.on_step = both
+    internal.on_step = both
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -418,7 +419,7 @@ def test_two_studies_in_one_process_keep_their_own_compilation_cache_and_progres
         monkeypatch.chdir(root)
         study = make_study(root, trial, name=name, n_trials=1)
         with sweep.open(study) as session:
-            watch_steps(session, lambda n, s, steps=session.steps: s >= 0 and seen.append((id(steps), dict(steps))))
+            watch_steps(session, lambda n, s, steps=session._session.steps: s >= 0 and seen.append((id(steps), dict(steps))))
             session.run()
         sessions.append(session)
         caches.append(Path(study["workdir"]) / "jax_cache")
@@ -426,7 +427,7 @@ def test_two_studies_in_one_process_keep_their_own_compilation_cache_and_progres
             first_cache = entries(caches[0])
     assert all(cache.is_dir() and any(cache.iterdir()) for cache in caches)  # each compiled into its own
     assert entries(caches[0]) == first_cache  # the second study wrote nothing into the first one's
-    first, second = sessions
+    first, second = (s._session for s in sessions)  # the progress meters are the internal sessions'
     assert first.steps is not second.steps and first.steps == {} and second.steps == {}
     assert {key for key, _ in seen} == {id(first.steps), id(second.steps)}
     assert all(set(steps) == {0} for _, steps in seen)  # while training: its own trial, and only that

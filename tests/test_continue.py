@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from sweep import api, continuation, integrity, scheduler
 from sweep import config as config_lib
-from sweep import continuation, integrity, scheduler
 from sweep.errors import StudyNotFound, UsageError
 from sweep.signals import StopSignal
 from test_ledger import Killed, run_killed
@@ -26,7 +26,7 @@ def continued(study: dict[str, Any], steps: int, top: int | None = None, numbers
                 raise Killed
         session.on_step = on_step  # type: ignore[method-assign]
     try:
-        session.check_before_run()
+        api.StudySession(session)._check_before_run()  # what run() checks first
         if kill_at is None:
             scheduler.run(session, StopSignal())
         else:
@@ -156,12 +156,9 @@ def test_status_and_export_of_the_companion_study_name_the_trial_each_continues(
     run(study)
     continued(study, 60, numbers=[1])
     link = {"study": "sched", "number": 1, "last_step": 40}
-    session = continuation.open_companion(config_lib.from_dict(study), 60)
-    try:
-        report = status.collect(session)
+    with api.open(study).continued(60) as session:  # the public way to read a companion study
+        report = session.status()
         index = session.export(tmp_path / "out")
-    finally:
-        session.close()
     (entry,) = report["trials"]
     assert entry["number"] == 0 and entry["continued_from"] == link
     table = status.table(report).splitlines()

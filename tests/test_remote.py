@@ -182,11 +182,15 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
     shown = json.loads(run_cli("status", b, "--json", cwd=b.parent).stdout)
     assert [t["remote_step"] for t in shown["trials"]] == [6000, 6000, 6000]
     # plot from the third folder marks the checkpoints the bucket keeps
-    from sweep import api
+    from sweep import config as config_lib
     from sweep.plot import markers
+    from sweep.session import Session
 
-    with api.open(c) as session:
+    session = Session(config_lib.load(c))
+    try:
         session.open(create=False)
         remote = session.remote_steps([1])
         marks = markers(session.config, session.trial(1), remote[1])
+    finally:
+        session.close()
     assert marks["checkpoint"] == remote[1] and 6000 in marks["checkpoint"]

@@ -66,3 +66,21 @@ def test_trial_attribute_keys_are_spelled_only_in_the_record_module():
     found = [f"{p.name}: {m.group(0)}" for p in SWEEP.glob("*.py") if p.name != "record.py"
              for m in pattern.finditer(p.read_text())]
     assert not found, found
+
+
+def test_study_session_shows_only_its_documented_methods():
+    import sweep
+
+    public = {name for name in dir(sweep.StudySession) if not name.startswith("_")}
+    assert public == {"close", "config", "continue_", "continued", "drill", "export", "load_best", "plan", "plot",
+                      "run", "status", "summary"}
+
+
+def test_errors_users_catch_are_exported_from_the_package():
+    import sweep
+    from sweep import errors
+
+    caught = {name for name, value in vars(errors).items() if isinstance(value, type) and issubclass(value, Exception)}
+    # The rest are raised inside a run and turned into states or exit codes before they reach a user.
+    assert caught - {"NonFiniteMetric", "TakenOver", "RemoteFault"} <= set(sweep.__all__)
+    assert all(getattr(sweep, name) is getattr(errors, name) for name in caught & set(sweep.__all__))
