@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
+from sweep import credentials
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
@@ -235,12 +236,15 @@ class Source:
     """Where a config came from: enough to rebuild it in another process (a worker) without the file.
 
     `origin` names the study file (or "<dict>") in messages; `cwd` is the directory relative paths
-    (workdir, storage, a user's trial module) were resolved against.
+    (workdir, storage, a user's trial module) were resolved against. `raw` is the file's text, with
+    its `${VAR}`s; `env` the values they had here, so that every worker reads the same study
+    (kept out of repr: they may be secrets).
     """
 
     raw: dict[str, Any]
     origin: str
     cwd: str
+    env: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
 
 class Config:
@@ -307,31 +311,35 @@ def load(path: str | os.PathLike[str]) -> Config:
     return from_dict(_read_yaml(file), origin=file)
 
 
-def from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
+def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] | None = None) -> Config:
     """Validate a study given as a mapping (the study file's keys); `origin` names it in errors.
 
-    Relative paths resolve against the current directory, as for a file.
+    Relative paths resolve against the current directory, as for a file. `${VAR}` in the keys that
+    take it (sweep.credentials) is read from `env` first, then from the environment.
 
     Raises:
         ConfigError: on any broken rule; nothing has been created.
     """
     if not isinstance(raw, dict):
         raise ConfigError(origin, "", "must be a mapping of study keys", type(raw).__name__)
+    values, used = credentials.interpolate(raw, origin, {**os.environ, **(env or {})})
     try:
-        study = StudyFile.model_validate(raw)
+        study = StudyFile.model_validate(values)
     except ValidationError as exc:
         # A typo'd key also makes its intended key "missing": report the typo, the root cause.
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         raise _translate(origin, errors[0], raw) from None
-    _check_storage(origin, study.storage)
+    _check_storage(origin, study.storage, raw.get("storage"))
     module = _load_trial_module(origin, study)
-    return Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd()))
+    config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
+    credentials.remember(config.storage, credentials.used_in(raw.get("storage"), used))
+    return config
 
 
 def from_source(source: Source) -> Config:
-    """Rebuild a config in another process (a worker): same keys, same directory."""
+    """Rebuild a config in another process (a worker): same keys, same values, same directory."""
     os.chdir(source.cwd)
-    return from_dict(source.raw, source.origin)
+    return from_dict(source.raw, source.origin, source.env)
 
 
 def _read_yaml(file: str) -> dict[str, Any]:
@@ -439,7 +447,8 @@ def _allowed_keys(raw_loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def _check_storage(file: str, url: str | None) -> None:
+def _check_storage(file: str, url: str | None, text: Any) -> None:
+    """`text`: the key as the file wrote it, shown in the error (`url` may hold a secret)."""
     if url is None:
         return
     from sqlalchemy.engine import make_url  # local: only needed when a storage is named
@@ -448,7 +457,8 @@ def _check_storage(file: str, url: str | None) -> None:
     try:
         make_url(url)
     except ArgumentError:
-        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db", url) from None
+        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db",
+                          text) from None
 
 
 def _load_trial_module(file: str, study: StudyFile) -> Any:

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from sweep.config import Config
+from sweep.credentials import mask_url
 from sweep.errors import ConfigError
 
 STUDY_ATTR = "sweep:study_file"  # study user attribute: meaning() of the file the study started from
@@ -61,7 +62,7 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, An
 def refusal(config: Config, storage: str, found: list[tuple[str, Any, Any]]) -> ConfigError:
     """The exit-2 error for a study file whose trial-defining keys changed."""
     lines = "\n".join(f"  {key}: {show(a)} -> {show(b)}" for key, a, b in found)
-    rule = (f"study {config.name!r} (in {storage}) was started from a different study file: keys that define "
+    rule = (f"study {config.name!r} (in {mask_url(storage)}) was started from a different study file: keys that define "
             f"what its trials mean changed; refused, nothing was created or changed:\n{lines}\n"
             f"Keys that only steer the run may change ({', '.join(STEERING)}). Put the old values back to "
             "continue this study, or give the study a new name to start another")

@@ -14,6 +14,7 @@ from sweep import fingerprint
 from sweep.best import checkpoint_folder
 from sweep.checkpoints import newest_step
 from sweep.config import Config
+from sweep.credentials import mask_url
 from sweep.samplers import sampler_notes
 from sweep.session import FINISHED, Session
 
@@ -84,7 +85,7 @@ def code_warning(plan: Plan) -> str:
 
 def text(config: Config, plan: Plan) -> str:
     """The plan as `python -m sweep plan` prints it."""
-    head = f"study {config.name} ({config.storage})"
+    head = f"study {config.name} ({mask_url(config.storage)})"
     if not plan.exists:
         notes = "".join(f"  note:    {note}\n" for _, note in sampler_notes(config))
         return (f"{head}: new study\n"

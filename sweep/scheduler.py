@@ -17,6 +17,7 @@ from sweep import retention
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
+from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
@@ -228,7 +229,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         except Exception as exc:  # a trial that raises fails alone; the study goes on
             failures += 1
             trial.set_user_attr("failures", failures)
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            trial.set_user_attr("error", scrub(f"{type(exc).__name__}: {exc}")[:500])  # a storage row: no secret
             retry = failures <= config.study.max_retries and not isinstance(exc, NonFiniteMetric)
             log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", number,
                       params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."

@@ -12,6 +12,7 @@ from sweep.best import COMPILES_ATTR, best_of_reports, checkpoint_folder, metric
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.continuation import companions
 from sweep.config import sign
+from sweep.credentials import mask_url
 from sweep.ledger import LEDGER_ATTR, study_total, summary_line
 from sweep.session import Session
 
@@ -32,7 +33,7 @@ def collect(session: Session) -> dict[str, Any]:
             entry["remote_step"] = remote.get(entry["number"], [None])[-1]
     return {
         "study": config.name,
-        "storage": config.storage,
+        "storage": mask_url(config.storage),  # never its password (sweep/credentials.py)
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,
