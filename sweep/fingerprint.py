@@ -16,6 +16,7 @@ import inspect
 import json
 from typing import Any
 
+from sweep import trial_code
 from sweep.config import Config
 from sweep.credentials import mask_url
 from sweep.errors import ConfigError
@@ -73,8 +74,10 @@ def show(value: Any) -> str:
     return "(absent)" if value is _ABSENT else json.dumps(value)
 
 
-def code(config: Config) -> dict[str, str]:
-    """The trial module's source file and the sha256 of its bytes ("" for a module without one)."""
+def code(config: Config) -> dict[str, Any]:
+    """The trial module's source file and the sha256 of its bytes ("" for a module without one), and
+    the trial's own code (sweep.trial_code: the module and the local modules it imports): one
+    `code_sha256` and the sha256 of each module's file (`files`)."""
     module = config.trial_module
     try:
         path = inspect.getsourcefile(module) or ""
@@ -82,10 +85,14 @@ def code(config: Config) -> dict[str, str]:
             digest = hashlib.sha256(fh.read()).hexdigest()
     except (OSError, TypeError):
         path, digest = getattr(module, "__file__", "") or "", ""
-    return {"module": module.__name__, "file": path, "sha256": digest}
+    own = trial_code.record(module)
+    return {"module": module.__name__, "file": path, "sha256": digest, "code_sha256": own["sha256"],
+            "files": own["files"]}
 
 
-def code_changed(old: dict[str, str] | None, new: dict[str, str]) -> bool:
+def code_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    if old and old.get("code_sha256"):  # recorded with the modules the trial module imports
+        return old["code_sha256"] != new["code_sha256"]
     return bool(old and old.get("sha256") and new["sha256"] and old["sha256"] != new["sha256"])
 
 

@@ -10,7 +10,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from sweep import fingerprint
+from sweep import fingerprint, trial_code
 from sweep.best import checkpoint_folder
 from sweep.checkpoints import newest_step
 from sweep.config import Config
@@ -28,8 +28,8 @@ class Plan:
     new: int  # trials `run` would ask Optuna for
     first_new: int  # the number the first new trial gets
     refused: list[tuple[str, Any, Any]]  # changed trial-defining keys: `run` exits 2
-    code: dict[str, str]  # the trial module's fingerprint now
-    stored_code: dict[str, str] | None  # ... and when the study ran last
+    code: dict[str, Any]  # the trial module's fingerprint now
+    stored_code: dict[str, Any] | None  # ... and when the study ran last
 
     @property
     def code_changed(self) -> bool:
@@ -79,6 +79,11 @@ def resume_text(step: int | None) -> str:
 
 def code_warning(plan: Plan) -> str:
     old, new = plan.stored_code or {}, plan.code
+    if old.get("code_sha256"):  # the trial module and the local modules it imports
+        changed = trial_code.differences({"sha256": old["code_sha256"], "files": old.get("files", {})},
+                                         {"sha256": new["code_sha256"], "files": new["files"]})
+        return (f"the trial code changed since this study last ran: {', '.join(changed)} (sha256 "
+                f"{old['code_sha256'][:12]} -> {new['code_sha256'][:12]}); the trials it runs now use the new code")
     return (f"the trial code changed since this study last ran: {new['file']} (sha256 {old.get('sha256', '?')[:12]} "
             f"-> {new['sha256'][:12]}); the trials it runs now use the new code")
 

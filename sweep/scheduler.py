@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
-from sweep import retention
+from sweep import retention, trial_code
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
@@ -45,6 +45,7 @@ def run(session: Session, stop: StopSignal) -> None:
     session.record_fingerprint()  # refuses a changed study file (also for a caller that skipped run's checks)
     session.use_compilation_cache()
     config, claims = session.config, session.claims
+    code = trial_code.record(config.trial_module)  # what this process imported: the code its trials train with
     _log_start(session)
     retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
@@ -55,7 +56,7 @@ def run(session: Session, stop: StopSignal) -> None:
             with claims.ask_lock():
                 claimed = _next_trial(session, deadline)
             if claimed is not None:
-                _run_claimed(session, claimed, stop)
+                _run_claimed(session, claimed, stop, code)
             elif _others_running(session) and not _past(deadline):
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
@@ -99,6 +100,19 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     return Claimed(trial.number, adopted=False)
 
 
+def _record_code(trial: optuna.Trial, frozen: FrozenTrial, code: dict[str, Any]) -> None:
+    """Record the code the trial trains with now; warn where it differs from the code it trained with
+    before it was interrupted (its checkpoints were written by that code)."""
+    stored = frozen.user_attrs.get(trial_code.TRIAL_ATTR)
+    changed = trial_code.differences(stored, code)
+    if changed:
+        log.warning("trial %d: its code changed since it last trained: %s (sha256 %s -> %s); it goes on with the "
+                    "new code from checkpoints the old code wrote", frozen.number, ", ".join(changed),
+                    stored["sha256"][:12], code["sha256"][:12])
+    if stored != code:
+        trial.set_user_attr(trial_code.TRIAL_ATTR, code)
+
+
 class _Fenced:
     """The trial as the runner's reporter, checking before each report that this worker still
     holds it (a worker frozen past the lease grace may have lost it to another)."""
@@ -114,7 +128,7 @@ class _Fenced:
         return self.trial.should_prune()
 
 
-def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
+def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dict[str, Any]) -> None:
     config, claims = session.config, session.claims
     key = claims.key(claimed.number)
 
@@ -143,6 +157,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         params = suggest_all(config, trial)
         if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
             frozen = session.trial(claimed.number)
+        _record_code(trial, frozen, code)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
         outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence)
