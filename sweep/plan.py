@@ -82,6 +82,7 @@ def code_warning(plan: Plan) -> str:
     if old.get("code_sha256"):  # the trial module and the local modules it imports
         changed = trial_code.differences({"sha256": old["code_sha256"], "files": old.get("files", {})},
                                          {"sha256": new["code_sha256"], "files": new["files"]})
+        changed = [new["file"] if name == new["module"] else name for name in changed]  # the module: its file
         return (f"the trial code changed since this study last ran: {', '.join(changed)} (sha256 "
                 f"{old['code_sha256'][:12]} -> {new['code_sha256'][:12]}); the trials it runs now use the new code")
     return (f"the trial code changed since this study last ran: {new['file']} (sha256 {old.get('sha256', '?')[:12]} "
