@@ -190,4 +190,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sweep.trial_guard import exit_now
+
+    exit_now(main())  # not held up by threads a trial's code left running

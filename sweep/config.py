@@ -221,6 +221,8 @@ class StudyFile(_Model):
     max_retries: Annotated[int, Field(ge=0)] = 0  # a trial that raises is retried from its newest checkpoint
     # A database away for a while (a restart, a failover) is waited for, this long per call.
     storage_retry_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # A trial's data() that has not returned after this long fails the trial (sweep/trial_guard.py).
+    data_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
     objective: Objective
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()

@@ -25,7 +25,8 @@ STUDY_ATTR = "sweep:study_file"  # study user attribute: meaning() of the file t
 CODE_ATTR = "sweep:trial_code"  # study user attribute: code() of the trial module it ran last
 # Top-level keys that may change under a started study (the contract's list, plus the pruner: it
 # decides when to stop a trial, not what the trial computes).
-STEERING = ("n_trials", "timeout", "parallel", "checkpoint", "max_retries", "pruner", "storage_retry_seconds")
+STEERING = ("n_trials", "timeout", "parallel", "checkpoint", "max_retries", "pruner", "storage_retry_seconds",
+            "data_timeout_seconds")
 _ABSENT = object()
 
 

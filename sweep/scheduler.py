@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -13,7 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
-from sweep import retention, trial_code
+from sweep import retention, trial_code, trial_guard
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
@@ -221,13 +222,15 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             except Exception as exc:  # noqa: BLE001 - an account, not the trial's work: never charged
                 log.debug("trial %d: ledger not written (%s)", number, exc)
 
+        threads = set(threading.enumerate())
         try:
-            outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
-                                dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
-                                on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
-                                on_data_shapes=on_data_shapes, seed_number=session.seed_number(number),
-                                ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger,
-                                                 first_step=session.first_step(number)))
+            with trial_guard.guarded():  # an exit in the trial's code fails the trial, not the run
+                outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
+                                    dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
+                                    on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
+                                    on_data_shapes=on_data_shapes, seed_number=session.seed_number(number),
+                                    ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger,
+                                                     first_step=session.first_step(number)))
             fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
@@ -254,6 +257,14 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             frozen = session.trial(number)  # the failed attempt's new reports
         finally:
             ckpt.close()
+            _warn_leftover_threads(number, threads)
+
+
+def _warn_leftover_threads(number: int, before: set[threading.Thread]) -> None:
+    left = [t.name for t in trial_guard.leftover_threads(before)]
+    if left:
+        log.warning("trial %d: its code left %d thread(s) running (%s); the run does not wait for them at exit",
+                    number, len(left), ", ".join(left[:5]))
 
 
 def _after_finish(session: Session) -> None:

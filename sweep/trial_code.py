@@ -42,7 +42,7 @@ def modules(module: ModuleType) -> dict[str, str]:
         for imported in _imports(path, package):
             if imported not in found:
                 source = _locate(imported)
-                if _is_local(source):
+                if is_own_code(source):
                     todo.append((imported, source))
     return dict(sorted(found.items()))
 
@@ -118,7 +118,9 @@ def _excluded_roots() -> tuple[str, ...]:
     return tuple(os.path.realpath(r) for r in roots if r)
 
 
-def _is_local(path: str | None) -> bool:
+def is_own_code(path: str | None) -> bool:
+    """Whether the file at `path` is the user's own code: not the standard library, site-packages
+    or sweep."""
     if path is None:
         return False
     real = os.path.realpath(path)
