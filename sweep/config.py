@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import difflib
 import importlib.util
+import math
 import os
 import re
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
-from sweep import credentials
+from sweep import credentials, study_yaml
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
@@ -36,6 +37,8 @@ PRUNER_CLASSES = {
 SamplerName = Literal[tuple(SAMPLER_CLASSES)]  # type: ignore[valid-type]
 PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
 Scalar = Union[None, bool, int, float, str]
+MAX_EXACT = 2 ** 53  # the largest magnitude a float64 (Optuna's stored parameter) holds exactly
+MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
 
 
 class _Model(BaseModel):
@@ -84,6 +87,8 @@ def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: b
     if given or log:
         raise ValueError(f"values: cannot be combined with {', '.join(given or ['log'])}; give a list or a range, "
                          f"got {values!r}")
+    if not all(math.isfinite(v) and abs(v) <= MAX_EXACT for v in values):
+        raise ValueError(f"values: must be finite numbers of magnitude at most 2**53, got {values!r}")
     if len(set(values)) != len(values):
         raise ValueError(f"values: must not repeat a value, got {values!r}")
 
@@ -100,6 +105,10 @@ class CategoricalParam(_Model):
 
 
 def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
+    for name, value in (("low", low), ("high", high), ("step", step)):
+        # Optuna keeps every parameter as a 64-bit float: an int past 2**53 is not itself there.
+        if value is not None and not (math.isfinite(value) and abs(value) <= MAX_EXACT):
+            raise ValueError(f"{name}: must be a finite number of magnitude at most 2**53, got {value!r}")
     if not low < high:
         raise ValueError(f"low: must be < high ({high!r}): the range is empty or inverted, got {low!r}")
     if log and low <= 0:
@@ -146,8 +155,8 @@ class Pruner(_Model):
 
 
 class Train(_Model):
-    steps: Annotated[int, Field(ge=1)]
-    eval_every: Annotated[int, Field(ge=1)]
+    steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
+    eval_every: Annotated[int, Field(ge=1, le=MAX_STEP)]
     seed: int = 0
     # Data parallel: each batch is split over this many devices, params replicated (see runner).
     devices: Annotated[int, Field(ge=1)] = 1
@@ -164,7 +173,7 @@ DEFAULT_WRITE_SHARE = 0.03
 
 
 class Checkpoint(_Model):
-    every_steps: Annotated[int, Field(ge=1)] | None = None
+    every_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
     keep_last: Annotated[int, Field(ge=1)] = 2
     keep_best: Annotated[int, Field(ge=1)] = 1  # the contract keeps the best state, always
@@ -310,7 +319,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         ConfigError: on any broken rule; nothing has been created.
     """
     file = str(path)
-    return from_dict(_read_yaml(file), origin=file)
+    return from_dict(study_yaml.read(file), origin=file)
 
 
 def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] | None = None) -> Config:
@@ -324,6 +333,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
     """
     if not isinstance(raw, dict):
         raise ConfigError(origin, "", "must be a mapping of study keys", type(raw).__name__)
+    study_yaml.check_plain(origin, raw)
     values, used = credentials.interpolate(raw, origin, {**os.environ, **(env or {})})
     try:
         study = StudyFile.model_validate(values)
@@ -342,31 +352,6 @@ def from_source(source: Source) -> Config:
     """Rebuild a config in another process (a worker): same keys, same values, same directory."""
     os.chdir(source.cwd)
     return from_dict(source.raw, source.origin, source.env)
-
-
-def _read_yaml(file: str) -> dict[str, Any]:
-    try:
-        text = Path(file).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(file, "", "study file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(file, "", f"cannot read the study file ({exc})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        if "could not determine a constructor" in str(exc):
-            problem = f"unsupported YAML tag (only plain YAML is allowed): {problem}"
-        raise ConfigError(file, "", f"invalid YAML at {where}{problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(file, "", f"invalid YAML: {exc}") from None
-    if raw is None:
-        raise ConfigError(file, "", "must be a mapping of study keys, got an empty file")
-    if not isinstance(raw, dict):
-        raise ConfigError(file, "", "must be a mapping of study keys", type(raw).__name__)
-    return raw
 
 
 _TYPE_RULES = {
@@ -408,7 +393,8 @@ def _translate(file: str, err: Any, raw: Any) -> ConfigError:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         bound = next(iter(err["ctx"].values()))
-        return ConfigError(file, key, f"must be {op} {bound:g}", value)
+        return ConfigError(file, key, f"must be {op} {bound:g}" if isinstance(bound, float) else f"must be {op} {bound}",
+                           value)
     if kind == "value_error":
         # Our own validators phrase the message as "<subkey>: <rule>, got <value>".
         message = str(err["ctx"]["error"])
