@@ -97,6 +97,8 @@ def mask_url(url: str) -> str:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
         return url
+    if parsed.password is None and not any(_SECRET_QUERY.search(k) for k in parsed.query):
+        return url  # nothing to hide: as written (SQLAlchemy would percent-encode a SQLite path's é)
     query = {k: (MASK if _SECRET_QUERY.search(k) else v) for k, v in parsed.query.items()}
     # render_as_string quotes the query's "***" as %2A%2A%2A: shown as written.
     return parsed.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", MASK)

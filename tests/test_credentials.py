@@ -77,6 +77,7 @@ def test_interpolate_errors_name_file_key_and_variable(raw, message):
     ("mysql+pymysql://u:pw@h/db", "mysql+pymysql://u:***@h/db"),
     ("postgresql://u@h/db", "postgresql://u@h/db"),
     ("sqlite:////abs/study.db", "sqlite:////abs/study.db"),
+    ("sqlite:////tmp/é b/x@y%z.db", "sqlite:////tmp/é b/x@y%z.db"),  # no password: never re-encoded
     ("s3://bucket/prefix", "s3://bucket/prefix"),
 ])
 def test_mask_url_hides_the_password_with_sqlalchemys_rendering(url, shown):
