@@ -178,6 +178,8 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sweep.credentials import scrub
+
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -195,17 +197,19 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except SweepError as exc:
         if args.debug:
-            traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+            print(scrub(traceback.format_exc()), end="", file=sys.stderr)
+        print(f"error: {scrub(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # anything else is a bug or an environment problem: short message, exit 1
         if args.debug:
-            traceback.print_exc()
-        print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+            print(scrub(traceback.format_exc()), end="", file=sys.stderr)
+        print(f"error: {type(exc).__name__}: {scrub(str(exc))} (run with --debug for the traceback)", file=sys.stderr)
         return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sweep.trial_guard import exit_now
+
+    exit_now(main())  # not held up by threads a trial's code left running

@@ -118,7 +118,8 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
     hp = run_hyperparameters(config, config.hyperparameters(best.params))
     metrics = _jitted("test", config, hp, restored.kind)(restored.state["params"],
                                                            restored.state.get("model_state", {}),
-                                                           trial_data(config.trial_module, hp))
+                                                           trial_data(config.trial_module, hp,
+                                                                      config.study.data_timeout_seconds))
     result = {"trial": best.number, "step": restored.step, "metrics": {k: float(v) for k, v in metrics.items()}}
     study.set_user_attr(TEST_ATTR, result)
     return result

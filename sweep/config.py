@@ -11,14 +11,15 @@ import copy
 import dataclasses
 import difflib
 import importlib.util
+import math
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
+from sweep import credentials, study_yaml
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
@@ -35,6 +36,8 @@ PRUNER_CLASSES = {
 SamplerName = Literal[tuple(SAMPLER_CLASSES)]  # type: ignore[valid-type]
 PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
 Scalar = Union[None, bool, int, float, str]
+MAX_EXACT = 2 ** 53  # the largest magnitude a float64 (Optuna's stored parameter) holds exactly
+MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
 
 
 class _Model(BaseModel):
@@ -83,6 +86,8 @@ def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: b
     if given or log:
         raise ValueError(f"values: cannot be combined with {', '.join(given or ['log'])}; give a list or a range, "
                          f"got {values!r}")
+    if not all(math.isfinite(v) and abs(v) <= MAX_EXACT for v in values):
+        raise ValueError(f"values: must be finite numbers of magnitude at most 2**53, got {values!r}")
     if len(set(values)) != len(values):
         raise ValueError(f"values: must not repeat a value, got {values!r}")
 
@@ -99,6 +104,10 @@ class CategoricalParam(_Model):
 
 
 def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
+    for name, value in (("low", low), ("high", high), ("step", step)):
+        # Optuna keeps every parameter as a 64-bit float: an int past 2**53 is not itself there.
+        if value is not None and not (math.isfinite(value) and abs(value) <= MAX_EXACT):
+            raise ValueError(f"{name}: must be a finite number of magnitude at most 2**53, got {value!r}")
     if not low < high:
         raise ValueError(f"low: must be < high ({high!r}): the range is empty or inverted, got {low!r}")
     if log and low <= 0:
@@ -145,8 +154,8 @@ class Pruner(_Model):
 
 
 class Train(_Model):
-    steps: Annotated[int, Field(ge=1)]
-    eval_every: Annotated[int, Field(ge=1)]
+    steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
+    eval_every: Annotated[int, Field(ge=1, le=MAX_STEP)]
     seed: int = 0
     # Data parallel: each batch is split over this many devices, params replicated (see runner).
     devices: Annotated[int, Field(ge=1)] = 1
@@ -162,7 +171,7 @@ DEFAULT_WRITE_SHARE = 0.03
 
 
 class Checkpoint(_Model):
-    every_steps: Annotated[int, Field(ge=1)] | None = None
+    every_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
     keep_last: Annotated[int, Field(ge=1)] = 2
     keep_best: Annotated[int, Field(ge=1)] = 1  # the best state is always kept (docs/reference.md)
@@ -237,6 +246,8 @@ class StudyFile(_Model):
     max_retries: Annotated[int, Field(ge=0)] = 0  # a trial that raises is retried from its newest checkpoint
     # A database away for a while (a restart, a failover) is waited for, this long per call.
     storage_retry_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # A trial's data() that has not returned after this long fails the trial (sweep/trial_guard.py).
+    data_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
     objective: Objective
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
@@ -252,12 +263,15 @@ class Source:
     """Where a config came from: enough to rebuild it in another process (a worker) without the file.
 
     `origin` names the study file (or "<dict>") in messages; `cwd` is the directory relative paths
-    (workdir, storage, a user's trial module) were resolved against.
+    (workdir, storage, a user's trial module) were resolved against. `raw` is the file's text, with
+    its `${VAR}`s; `env` the values they had here, so that every worker reads the same study
+    (kept out of repr: they may be secrets).
     """
 
     raw: dict[str, Any]
     origin: str
     cwd: str
+    env: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
 
 class Config:
@@ -321,59 +335,39 @@ def load(path: str | os.PathLike[str]) -> Config:
         ConfigError: on any broken rule; nothing has been created.
     """
     file = str(path)
-    return from_dict(_read_yaml(file), origin=file)
+    return from_dict(study_yaml.read(file), origin=file)
 
 
-def from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
+def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] | None = None) -> Config:
     """Validate a study given as a mapping (the study file's keys); `origin` names it in errors.
 
-    Relative paths resolve against the current directory, as for a file.
+    Relative paths resolve against the current directory, as for a file. `${VAR}` in the keys that
+    take it (sweep.credentials) is read from `env` first, then from the environment.
 
     Raises:
         ConfigError: on any broken rule; nothing has been created.
     """
     if not isinstance(raw, dict):
         raise ConfigError(origin, "", "must be a mapping of study keys", type(raw).__name__)
+    study_yaml.check_plain(origin, raw)
+    values, used = credentials.interpolate(raw, origin, {**os.environ, **(env or {})})
     try:
-        study = StudyFile.model_validate(raw)
+        study = StudyFile.model_validate(values)
     except ValidationError as exc:
         # A typo'd key also makes its intended key "missing": report the typo, the root cause.
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         raise _translate(origin, errors[0], raw) from None
-    _check_storage(origin, study.storage)
+    _check_storage(origin, study.storage, raw.get("storage"))
     module = _load_trial_module(origin, study)
-    return Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd()))
+    config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
+    credentials.remember(config.storage, credentials.used_in(raw.get("storage"), used))
+    return config
 
 
 def from_source(source: Source) -> Config:
-    """Rebuild a config in another process (a worker): same keys, same directory."""
+    """Rebuild a config in another process (a worker): same keys, same values, same directory."""
     os.chdir(source.cwd)
-    return from_dict(source.raw, source.origin)
-
-
-def _read_yaml(file: str) -> dict[str, Any]:
-    try:
-        text = Path(file).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(file, "", "study file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(file, "", f"cannot read the study file ({exc})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        if "could not determine a constructor" in str(exc):
-            problem = f"unsupported YAML tag (only plain YAML is allowed): {problem}"
-        raise ConfigError(file, "", f"invalid YAML at {where}{problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(file, "", f"invalid YAML: {exc}") from None
-    if raw is None:
-        raise ConfigError(file, "", "must be a mapping of study keys, got an empty file")
-    if not isinstance(raw, dict):
-        raise ConfigError(file, "", "must be a mapping of study keys", type(raw).__name__)
-    return raw
+    return from_dict(source.raw, source.origin, source.env)
 
 
 _TYPE_RULES = {
@@ -415,7 +409,8 @@ def _translate(file: str, err: Any, raw: Any) -> ConfigError:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         bound = next(iter(err["ctx"].values()))
-        return ConfigError(file, key, f"must be {op} {bound:g}", value)
+        return ConfigError(file, key, f"must be {op} {bound:g}" if isinstance(bound, float) else f"must be {op} {bound}",
+                           value)
     if kind == "value_error":
         # Our own validators phrase the message as "<subkey>: <rule>, got <value>".
         message = str(err["ctx"]["error"])
@@ -458,7 +453,8 @@ def _allowed_keys(raw_loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def _check_storage(file: str, url: str | None) -> None:
+def _check_storage(file: str, url: str | None, text: Any) -> None:
+    """`text`: the key as the file wrote it, shown in the error (`url` may hold a secret)."""
     if url is None:
         return
     from sqlalchemy.engine import make_url  # local: only needed when a storage is named
@@ -467,7 +463,8 @@ def _check_storage(file: str, url: str | None) -> None:
     try:
         make_url(url)
     except ArgumentError:
-        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db", url) from None
+        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db",
+                          text) from None
 
 
 def _load_trial_module(file: str, study: StudyFile) -> Any:

@@ -25,6 +25,7 @@ from sweep import integrity, retention
 from sweep.record import CONTINUED_FROM, EVAL_ATTR_PREFIX, LAST_STEP, checkpoint_folder, companion_name
 from sweep.checkpoints import kept_steps, newest_step
 from sweep.config import Config
+from sweep.credentials import mask_url
 from sweep.errors import StudyNotFound, UsageError
 from sweep.session import Session
 
@@ -36,12 +37,12 @@ def companion_config(config: Config, steps: int, n_trials: int | None = None) ->
     """The study file of `config`'s continuation to `steps` steps: same trial, storage and search
     space; its own name and workdir; no pruner (the user asked for these trials to go on)."""
     raw = dict(config.source.raw)
-    raw.update(name=companion_name(config.name, steps), storage=config.storage,
+    raw.update(name=companion_name(config.name, steps), storage=raw.get("storage") or config.storage,
                workdir=str(config.workdir / f"continued-{steps}"), n_trials=n_trials or config.study.n_trials,
                train={**raw["train"], "steps": steps}, pruner={"type": "none"}, sampler={"type": "random", "seed": 0},
                parallel={"n_jobs": 1})
     raw.pop("timeout", None)
-    return config_lib.from_dict(raw, origin=f"{config.path} (continued to {steps} steps)")
+    return config_lib.from_dict(raw, origin=f"{config.path} (continued to {steps} steps)", env=config.source.env)
 
 
 class ContinuingSession(Session):
@@ -180,7 +181,7 @@ def start(config: Config, steps: int, top: int | None, numbers: list[int] | None
     """
     source = Session(config)
     if not source.open_existing():
-        raise StudyNotFound(f"study {config.name!r} not found in {config.storage}: run it first")
+        raise StudyNotFound(f"study {config.name!r} not found in {mask_url(config.storage)}: run it first")
     if _reads_total_steps(config.trial_module):
         log.warning("%s reads hp['train.steps'] (a schedule over the whole run?): trials continued to %d steps "
                     "follow it from there, so they are not what training %d steps from the start gives",

@@ -72,7 +72,7 @@ def _copy(config: Config, root: Path, tag: str) -> tuple[Path, Session]:
         raw.pop(key, None)
     path = root / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path, Session(config_lib.from_dict(raw, origin=str(path)))
+    return path, Session(config_lib.from_dict(raw, origin=str(path), env=config.source.env))
 
 
 def _cli(study: Path) -> list[str]:

@@ -20,9 +20,22 @@ class ConfigError(SweepError, ValueError):
 
     def __init__(self, file: str, key: str, rule: str, value: object = ...) -> None:
         self.file, self.key, self.rule, self.value = file, key, rule, value
-        where = f"{file}: {key}: " if key else f"{file}: "
-        got = "" if value is ... else f", got {value!r}"
+        where = f"{file}: {_printable(key)}: " if key else f"{file}: "
+        got = "" if value is ... else f", got {_shown(value)}"
         super().__init__(f"{where}{rule}{got}")
+
+
+def _printable(text: str) -> str:
+    """`text` on one printable line: a key may hold a newline or a lone surrogate (YAML "\ud800")."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit limit for str()
+        return f"<{type(value).__name__}>"
+    return _printable(text if len(text) <= limit else text[:limit] + "...")
 
 
 class UsageError(SweepError):

@@ -6,19 +6,22 @@ Loading an export needs no pickle and none of this package: safetensors and JSON
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
-from sweep import retention
+from sweep import retention, trial_code
 from sweep.best import best_state
 from sweep.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, train_loss_at
 from sweep.errors import CheckpointsRemoved, SweepError
 from sweep.export_format import flatten
 from sweep.session import Session
+
+log = logging.getLogger("sweep")
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -41,22 +44,32 @@ def _umask() -> int:
         return mask
 
 
-def provenance(config: Any) -> dict[str, Any]:
-    """Which model definition the params belong to: the trial module, the sha256 of its source, and
-    the versions of the packages that trained them."""
+def provenance(config: Any, trial: FrozenTrial | None = None) -> dict[str, Any]:
+    """Which model definition the params belong to: the trial module, the sha256 of its source and
+    of the trial's own code (the module and the local modules it imports) as `trial` trained with
+    them (recorded then; as they are now for a trial trained before sweep recorded it), and the
+    versions of the packages that trained them. A trial whose code differs now is warned about."""
     from importlib import metadata
 
     from sweep import fingerprint
 
     code = fingerprint.code(config)
+    recorded = trial.user_attrs.get(trial_code.TRIAL_ATTR) if trial is not None else None
+    changed = trial_code.differences(recorded, {"sha256": code["code_sha256"], "files": code["files"]})
+    if changed:
+        log.warning("trial %d: its params were trained with other code than the trial's modules hold now: %s; "
+                    "meta.json records the code it trained with", trial.number, ", ".join(changed))
     versions = {}
     for package in ("sweep", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "optuna"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    return {"trial_module": code["module"], "trial_source_sha256": code["sha256"],
-            "trial_source_file": os.path.basename(code["file"]), "versions": versions}
+    files = (recorded or {}).get("files", code["files"])
+    return {"trial_module": code["module"], "trial_source_sha256": files.get(code["module"], code["sha256"]),
+            "trial_source_file": os.path.basename(code["file"]),
+            "trial_code_sha256": (recorded or {}).get("sha256", code["code_sha256"]), "trial_code_files": files,
+            "trial_code_recorded": recorded is not None, "versions": versions}
 
 
 def _json(obj: Any) -> bytes:
@@ -115,7 +128,7 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  "collections": sorted(variables),  # model state beside the params, in state.safetensors
                  # a trial of a companion study: the trial `continue` trained further
                  **({CONTINUED_FROM: t.user_attrs[CONTINUED_FROM]} if CONTINUED_FROM in t.user_attrs else {}),
-                 **provenance(config)}
+                 **provenance(config, t)}
         _write(folder / "params.safetensors", save(flatten(params)))
         if variables:  # keys like "batch_stats/BatchNorm_0/mean"
             _write(folder / "state.safetensors", save(flatten(variables)))

@@ -16,14 +16,17 @@ import inspect
 import json
 from typing import Any
 
+from sweep import trial_code
 from sweep.config import Config
+from sweep.credentials import mask_url
 from sweep.errors import ConfigError
 
 STUDY_ATTR = "sweep:study_file"  # study user attribute: meaning() of the file the study started from
 CODE_ATTR = "sweep:trial_code"  # study user attribute: code() of the trial module it ran last
 # Top-level keys that may change under a started study (docs/reference.md, "Keys that may change
 # under a started study"); the pruner is one: it decides when to stop a trial, not what it computes.
-STEERING = ("n_trials", "timeout", "parallel", "checkpoint", "max_retries", "pruner", "storage_retry_seconds")
+STEERING = ("n_trials", "timeout", "parallel", "checkpoint", "max_retries", "pruner", "storage_retry_seconds",
+            "data_timeout_seconds")
 _ABSENT = object()
 
 
@@ -61,7 +64,7 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, An
 def refusal(config: Config, storage: str, found: list[tuple[str, Any, Any]]) -> ConfigError:
     """The exit-2 error for a study file whose trial-defining keys changed."""
     lines = diff_lines(found)
-    rule = (f"study {config.name!r} (in {storage}) was started from a different study file: keys that define "
+    rule = (f"study {config.name!r} (in {mask_url(storage)}) was started from a different study file: keys that define "
             f"what its trials mean changed; refused, nothing was created or changed:\n{lines}\n"
             f"Keys that only steer the run may change ({', '.join(STEERING)}). Put the old values back to "
             "continue this study, or give the study a new name to start another")
@@ -84,8 +87,10 @@ def show(value: Any) -> str:
     return "(absent)" if value is _ABSENT else json.dumps(value)
 
 
-def code(config: Config) -> dict[str, str]:
-    """The trial module's source file and the sha256 of its bytes ("" for a module without one)."""
+def code(config: Config) -> dict[str, Any]:
+    """The trial module's source file and the sha256 of its bytes ("" for a module without one), and
+    the trial's own code (sweep.trial_code: the module and the local modules it imports): one
+    `code_sha256` and the sha256 of each module's file (`files`)."""
     module = config.trial_module
     try:
         path = inspect.getsourcefile(module) or ""
@@ -93,10 +98,14 @@ def code(config: Config) -> dict[str, str]:
             digest = hashlib.sha256(fh.read()).hexdigest()
     except (OSError, TypeError):
         path, digest = getattr(module, "__file__", "") or "", ""
-    return {"module": module.__name__, "file": path, "sha256": digest}
+    own = trial_code.record(module)
+    return {"module": module.__name__, "file": path, "sha256": digest, "code_sha256": own["sha256"],
+            "files": own["files"]}
 
 
-def code_changed(old: dict[str, str] | None, new: dict[str, str]) -> bool:
+def code_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    if old and old.get("code_sha256"):  # recorded with the modules the trial module imports
+        return old["code_sha256"] != new["code_sha256"]
     return bool(old and old.get("sha256") and new["sha256"] and old["sha256"] != new["sha256"])
 
 

@@ -15,9 +15,18 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
+class _Scrubbing(logging.Formatter):
+    """Never a storage password on stderr, whatever a library's message says (sweep/credentials.py)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from sweep.credentials import scrub
+
+        return scrub(super().format(record))
+
+
 def setup(quiet: bool = False, verbose: bool = False) -> None:
     handler = _StderrHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[sweep %(asctime)s] %(message)s", "%H:%M:%S"))
+    handler.setFormatter(_Scrubbing("[sweep %(asctime)s] %(message)s", "%H:%M:%S"))
     log = logging.getLogger("sweep")
     log.handlers[:] = [handler]
     log.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)

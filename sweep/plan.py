@@ -10,11 +10,12 @@ import collections
 import dataclasses
 from typing import Any
 
-from sweep import fingerprint, retention
+from sweep import fingerprint, retention, trial_code
 from sweep.record import checkpoint_folder
 from sweep.cadence import describe
 from sweep.checkpoints import newest_step
 from sweep.config import Config
+from sweep.credentials import mask_url
 from sweep.samplers import sampler_notes
 from sweep.session import FINISHED, Session
 from sweep.words import count, listing, numbered
@@ -30,8 +31,8 @@ class Plan:
     new: int  # trials `run` would ask Optuna for
     first_new: int  # the number the first new trial gets
     refused: list[tuple[str, Any, Any]]  # changed trial-defining keys: `run` exits 2
-    code: dict[str, str]  # the trial module's fingerprint now
-    stored_code: dict[str, str] | None  # ... and when the study ran last
+    code: dict[str, Any]  # the trial module's fingerprint now
+    stored_code: dict[str, Any] | None  # ... and when the study ran last
     # what the disk budget (keep_trials, max_disk) removes as `run` starts (sweep/retention.py)
     removals: list[retention.Removal] = dataclasses.field(default_factory=list)
 
@@ -84,13 +85,19 @@ def resume_text(step: int | None) -> str:
 
 def code_warning(plan: Plan) -> str:
     old, new = plan.stored_code or {}, plan.code
+    if old.get("code_sha256"):  # the trial module and the local modules it imports
+        changed = trial_code.differences({"sha256": old["code_sha256"], "files": old.get("files", {})},
+                                         {"sha256": new["code_sha256"], "files": new["files"]})
+        changed = [new["file"] if name == new["module"] else name for name in changed]  # the module: its file
+        return (f"the trial code changed since this study last ran: {', '.join(changed)} (sha256 "
+                f"{old['code_sha256'][:12]} -> {new['code_sha256'][:12]}); the trials it runs now use the new code")
     return (f"the trial code changed since this study last ran: {new['file']} (sha256 {old.get('sha256', '?')[:12]} "
             f"-> {new['sha256'][:12]}); the trials it runs now use the new code")
 
 
 def text(config: Config, plan: Plan) -> str:
     """The plan as `python -m sweep plan` prints it: a line per decision, each a sentence."""
-    head = f"study {config.name} ({config.storage})"
+    head = f"study {config.name} ({mask_url(config.storage)})"
     sampled = f"sampled by {config.study.sampler.type}"
     notes = [f"  note:    {note}" for _, note in sampler_notes(config)] if plan.new else []
     if not plan.exists:

@@ -18,6 +18,7 @@ from sweep import compiled, stream
 from sweep.config import CategoricalParam, Config
 from sweep.errors import ConfigError
 from sweep.state import data_seed, initial_state, run_hyperparameters
+from sweep.trial_guard import DataTimeout, TrialExit, exit_message, guarded
 
 
 def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
@@ -27,11 +28,17 @@ def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check(config: Config) -> None:
-    """Raise ConfigError if the trial's code cannot train or evaluate (see the module docstring).
+    """Raise ConfigError if the trial's code cannot train or evaluate (see the module docstring);
+    also where it exits (sys.exit, os._exit) or its data() hangs past data_timeout_seconds.
 
     An OSError (a dataset file missing, a full disk) is the machine's, not the study file's: it
     propagates unchanged.
     """
+    with guarded():
+        _check(config)
+
+
+def _check(config: Config) -> None:
     module, study = config.trial_module, config.study
     params = first_point(study.search_space)
     hp = config.hyperparameters(params)
@@ -89,8 +96,13 @@ class _Blame:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if isinstance(exc, SystemExit):  # sys.exit in the trial's code: blamed like an exception
+            exc = TrialExit(exit_message(exc))
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, (OSError, ConfigError)):
             return False
+        if isinstance(exc, DataTimeout):  # no frame of the trial's to blame: the message names data()
+            raise ConfigError(str(self.config.path), "trial", f"{exc} (checked before anything was created, at "
+                              f"hyperparameters {dict(self.params)})") from None
         module = self.config.trial_module
         source = getattr(module, "__file__", None)
         frames = [f for f, _ in traceback.walk_tb(tb) if source and f.f_code.co_filename == source]

@@ -11,6 +11,8 @@ import sys
 from types import ModuleType
 from typing import Any, Mapping, Protocol, runtime_checkable
 
+from sweep.trial_guard import guarded
+
 Hyperparameters = Mapping[str, Any]
 
 REQUIRED_FUNCTIONS = ("data", "init", "optimizer", "batch", "loss", "evaluate")
@@ -63,10 +65,16 @@ def protocol_problems(module: ModuleType) -> list[tuple[str, str, object]]:
     return problems
 
 
-def trial_data(module: Any, hp: Hyperparameters) -> Any:
-    """The trial's in-memory data: `data(hp)`, or {} for a streaming trial without one."""
+def trial_data(module: Any, hp: Hyperparameters, timeout: float | None = None) -> Any:
+    """The trial's in-memory data: `data(hp)`, or {} for a streaming trial without one.
+
+    Raises:
+        DataTimeout: `data(hp)` ran past `timeout` seconds.
+    """
+    from sweep.trial_guard import call_with_timeout
+
     data = getattr(module, "data", None)
-    return data(hp) if callable(data) else {}
+    return call_with_timeout(lambda: data(hp), timeout, f"{module.__name__}.data()") if callable(data) else {}
 
 
 def import_trial(name: str) -> ModuleType:
@@ -83,7 +91,8 @@ def import_trial(name: str) -> ModuleType:
     # Validation must write nothing, not even a __pycache__ next to the user's module.
     old, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
-        return importlib.import_module(name)
+        with guarded():  # its prints on stderr (status --json stays JSON); an exit is its error
+            return importlib.import_module(name)
     finally:
         sys.dont_write_bytecode = old
         if added and "" in sys.path:

@@ -308,6 +308,11 @@ def _metrics(metrics: Mapping[str, Any], declared: Any, metric: str, number: int
     if missing:
         raise KeyError(f"trial {number}: evaluate returned no {', '.join(map(repr, missing))} of its METRICS "
                        f"(it returned {sorted(metrics)})")
+    for name in declared:  # a shape that changed with the hyperparameters: say which metric, and its shape
+        shape = tuple(getattr(metrics[name], "shape", ()))
+        if math.prod(shape) != 1:
+            raise ValueError(f"trial {number}: evaluate must return a scalar for metric {name!r}, got shape {shape} "
+                             f"at step {step}")
     values = {name: float(metrics[name]) for name in declared}
     if not math.isfinite(values[metric]):
         raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "

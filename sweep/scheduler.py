@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -13,11 +14,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import plan as plan_lib
-from sweep import retention, slots
+from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
                           FAILURES, LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at)
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
+from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.runner import Outcome, run_trial
@@ -46,6 +48,7 @@ def run(session: Session, stop: StopSignal) -> None:
     session.record_fingerprint()  # refuses a changed study file (also for a caller that skipped run's checks)
     session.use_compilation_cache()
     config, claims = session.config, session.claims
+    code = trial_code.record(config.trial_module)  # what this process imported: the code its trials train with
     _log_start(session)
     retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
@@ -56,7 +59,7 @@ def run(session: Session, stop: StopSignal) -> None:
             with claims.ask_lock():
                 claimed = _next_trial(session, deadline)
             if claimed is not None:
-                _run_claimed(session, claimed, stop)
+                _run_claimed(session, claimed, stop, code)
             elif _others_running(session) and not _past(deadline):
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
@@ -100,6 +103,19 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     return Claimed(trial.number, adopted=False)
 
 
+def _record_code(trial: optuna.Trial, frozen: FrozenTrial, code: dict[str, Any]) -> None:
+    """Record the code the trial trains with now; warn where it differs from the code it trained with
+    before it was interrupted (its checkpoints were written by that code)."""
+    stored = frozen.user_attrs.get(trial_code.TRIAL_ATTR)
+    changed = trial_code.differences(stored, code)
+    if changed:
+        log.warning("trial %d: its code changed since it last trained: %s (sha256 %s -> %s); it goes on with the "
+                    "new code from checkpoints the old code wrote", frozen.number, ", ".join(changed),
+                    stored["sha256"][:12], code["sha256"][:12])
+    if stored != code:
+        trial.set_user_attr(trial_code.TRIAL_ATTR, code)
+
+
 class _Fenced:
     """The trial as the runner's reporter, checking before each report that this worker still
     holds it (a worker frozen past the lease grace may have lost it to another)."""
@@ -115,7 +131,7 @@ class _Fenced:
         return self.trial.should_prune()
 
 
-def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
+def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dict[str, Any]) -> None:
     config, claims = session.config, session.claims
     key = claims.key(claimed.number)
 
@@ -147,6 +163,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal) -> None:
         params = suggest_all(config, trial)
         if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
             frozen = session.trial(claimed.number)
+        _record_code(trial, frozen, code)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
         outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence, (resumes, claimed.adopted))
@@ -219,14 +236,16 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             except Exception as exc:  # noqa: BLE001 - an account, not the trial's work: never charged
                 log.debug("trial %d: ledger not written (%s)", number, exc)
 
+        threads = set(threading.enumerate())
         try:
-            outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
-                                dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
-                                on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
-                                on_data_shapes=on_data_shapes, on_devices=on_devices,
-                                seed_number=session.seed_number(number),
-                                ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
-                                                 resumed=resumed))
+            with trial_guard.guarded():  # an exit in the trial's code fails the trial, not the run
+                outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
+                                    dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
+                                    on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
+                                    on_data_shapes=on_data_shapes, on_devices=on_devices,
+                                    seed_number=session.seed_number(number),
+                                    ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
+                                                     resumed=resumed))
             fence()
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
@@ -243,7 +262,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         except Exception as exc:  # a trial that raises fails alone; the study goes on
             failures += 1
             trial.set_user_attr(FAILURES, failures)
-            trial.set_user_attr(ERROR, f"{type(exc).__name__}: {exc}"[:500])
+            trial.set_user_attr(ERROR, scrub(f"{type(exc).__name__}: {exc}")[:500])  # a storage row: no secret
             retry = failures <= config.study.max_retries and not isinstance(exc, NonFiniteMetric)
             log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", number,
                       params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."
@@ -254,6 +273,14 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             resumed = False  # a retry after the trial's own failure is no interruption
         finally:
             ckpt.close()
+            _warn_leftover_threads(number, threads)
+
+
+def _warn_leftover_threads(number: int, before: set[threading.Thread]) -> None:
+    left = [t.name for t in trial_guard.leftover_threads(before)]
+    if left:
+        log.warning("trial %d: its code left %d thread(s) running (%s); the run does not wait for them at exit",
+                    number, len(left), ", ".join(left[:5]))
 
 
 def _after_finish(session: Session) -> None:

@@ -28,6 +28,7 @@ from sweep import fingerprint
 from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
+from sweep.credentials import mask_url
 from sweep.errors import StudyNotFound, SweepError
 from sweep.outage import Outages, retrying_storage_class
 from sweep.samplers import build_pruner, build_sampler
@@ -403,7 +404,7 @@ def _initialised(config: Config) -> bool:
     try:
         engine = sa.create_engine(url, **storage_kwargs(url))
     except Exception as exc:  # a missing driver, a malformed URL
-        raise SweepError(f"cannot open storage {url}: {exc}") from None
+        raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
     try:
         with engine.connect() as conn:
             tables = sa.inspect(conn).get_table_names()
@@ -411,7 +412,7 @@ def _initialised(config: Config) -> bool:
                 return False
             return conn.exec_driver_sql("SELECT COUNT(*) FROM alembic_version").scalar() > 0
     except sa.exc.SQLAlchemyError as exc:
-        raise SweepError(f"cannot open storage {url}: {exc}") from None
+        raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
     finally:
         engine.dispose()
 
@@ -464,7 +465,7 @@ def _rdb_storage(url: str, retry_seconds: float) -> optuna.storages.RDBStorage:
             if attempt + 1 < OPEN_ATTEMPTS and any(m in f"{type(exc).__name__}: {exc}" for m in _CREATION_RACE):
                 time.sleep(0.05 * 2 ** attempt)
                 continue
-            raise SweepError(f"cannot open storage {url}: {exc}") from None
+            raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
     raise AssertionError("unreachable")
 
 
@@ -476,12 +477,13 @@ def _load_study(config: Config, storage: optuna.storages.RDBStorage, create: boo
                                   pruner=build_pruner(config))
     except KeyError:
         if not create:
-            raise StudyNotFound(f"study {config.name!r} does not exist in {config.storage}; run it first") from None
+            raise StudyNotFound(f"study {config.name!r} does not exist in {mask_url(config.storage)}; "
+                                "run it first") from None
         with workdir_lock(config):
             study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
                                         pruner=build_pruner(config), direction=direction, load_if_exists=True)
     if study.direction.name.lower() != direction:
-        raise SweepError(f"study {config.name!r} in {config.storage} was created with direction "
+        raise SweepError(f"study {config.name!r} in {mask_url(config.storage)} was created with direction "
                          f"{study.direction.name.lower()}, but {config.path} says {direction}")
     return study
 

@@ -75,7 +75,7 @@ def initial_state(config: Config, number: int, hp: Mapping[str, Any], abstract: 
             return initial_state_of(config, number, hp, abstract_data(data_shapes), abstract=True)
         except Exception:  # an init that needs concrete data: the trial's own data, then
             pass
-    return initial_state_of(config, number, hp, trial_data(module, hp), abstract)
+    return initial_state_of(config, number, hp, trial_data(module, hp, config.study.data_timeout_seconds), abstract)
 
 
 def shapes_of(data: Any) -> dict[str, Any] | None:

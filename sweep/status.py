@@ -14,6 +14,7 @@ from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, 
 from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.config import sign
+from sweep.credentials import mask_url
 from sweep.ledger import RESUMES_ATTR, study_total, summary_line
 from sweep.session import Session
 
@@ -34,7 +35,7 @@ def collect(session: Session) -> dict[str, Any]:
             entry["remote_step"] = remote.get(entry["number"], [None])[-1]
     return {
         "study": config.name,
-        "storage": config.storage,
+        "storage": mask_url(config.storage),  # never its password (sweep/credentials.py)
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,

@@ -96,8 +96,10 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd, env=cli_env(),
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m sweep ARGS`; `env`: extra environment variables."""
+    return subprocess.run([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd, env={**cli_env(), **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -36,6 +36,8 @@ def test_docs_yaml_blocks_load_as_study_files(page, line, text, tmp_path, monkey
     if not {"name", "trial"} <= set(raw):
         raw = {**EXAMPLE_STUDY, **raw}
     monkeypatch.chdir(tmp_path)
+    for name in re.findall(r"\$\{(\w+)\}", text):  # a documented ${VAR}: set, as the page tells the user to
+        monkeypatch.setenv(name, "docs-example-value")
     if raw["trial"] == "my_trial":  # the README's copyable trial, saved beside the study as it says
         (tmp_path / "my_trial.py").write_text(example("my_trial.py"))
     config = config_lib.from_dict(raw, origin=f"{page}:{line}")
