@@ -10,7 +10,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from sweep import fingerprint
+from sweep import enqueue, fingerprint
 from sweep.best import checkpoint_folder
 from sweep.cadence import describe
 from sweep.checkpoints import newest_step
@@ -25,11 +25,13 @@ class Plan:
     finished: dict[int, str]  # number -> COMPLETE / PRUNED / FAIL: skipped
     resume: dict[int, int | None]  # number -> newest checkpoint step (None: from step 0)
     live: list[int]  # RUNNING with a live worker elsewhere: left to it
-    new: int  # trials `run` would ask Optuna for
+    new: int  # trials `run` would ask Optuna for (sampled or from the file's enqueue)
     first_new: int  # the number the first new trial gets
     refused: list[tuple[str, Any, Any]]  # changed trial-defining keys: `run` exits 2
     code: dict[str, str]  # the trial module's fingerprint now
     stored_code: dict[str, str] | None  # ... and when the study ran last
+    waiting: list[int] = dataclasses.field(default_factory=list)  # WAITING (enqueued): run first
+    enqueued: int = 0  # of `new`: the file's `enqueue` entries still to run (they go first)
 
     @property
     def code_changed(self) -> bool:
@@ -37,7 +39,7 @@ class Plan:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.resume or self.new)
+        return bool(self.resume or self.new or self.waiting)
 
 
 def make(session: Session) -> Plan:
@@ -45,7 +47,8 @@ def make(session: Session) -> Plan:
     config = session.config
     code = fingerprint.code(config)
     if not session.open_existing():
-        return Plan(False, {}, {}, [], config.study.n_trials, 0, [], code, None)
+        n = config.study.n_trials
+        return Plan(False, {}, {}, [], n, 0, [], code, None, enqueued=min(n, len(enqueue.pending(session))))
     # States in one narrow query; whole trials (for their checkpoint folders) only of the running
     # ones: loading every trial costs seconds in a study of thousands, at every start of `run`.
     states = session.trial_states()
@@ -58,11 +61,13 @@ def make(session: Session) -> Plan:
         finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},
         resume={t.number: _newest(config, t, remote) for t in running if t.number not in live},
         live=sorted(live),
-        new=max(0, config.study.n_trials - len(states)),
+        new=(new := max(0, config.study.n_trials - enqueue.counted(states))),
         first_new=max(states, default=-1) + 1,
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),
+        waiting=enqueue.waiting(states),
+        enqueued=min(new, len(enqueue.pending(session))),
     )
 
 
@@ -89,7 +94,7 @@ def text(config: Config, plan: Plan) -> str:
     if not plan.exists:
         notes = "".join(f"  note:    {note}\n" for _, note in sampler_notes(config))
         return (f"{head}: new study\n"
-                f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, sampled by {config.study.sampler.type}\n"
+                f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, {_how(config, plan)}\n"
                 f"{notes}  saves:   {describe(config.study.checkpoint)}\n"
                 f"run would create the study and train {plan.new} trial(s)")
     if plan.refused:
@@ -105,19 +110,29 @@ def text(config: Config, plan: Plan) -> str:
         lines.append(f"  resume:  trial {number} from {resume_text(step)}")
     if plan.live:
         lines.append(f"  running: trials {ranges(plan.live)} (a live worker has them; left to it)")
+    if plan.waiting:
+        lines.append(f"  waiting: trials {ranges(plan.waiting)} (enqueued: they run first, whatever n_trials says)")
     if plan.new:
         last = plan.first_new + plan.new - 1
         numbers = f"number {last}" if plan.new == 1 else f"numbers {plan.first_new}-{last}"
-        lines.append(f"  new:     {plan.new} trial(s), {numbers}, sampled by {config.study.sampler.type}")
+        lines.append(f"  new:     {plan.new} trial(s), {numbers}, {_how(config, plan)}")
     if plan.code_changed:
         lines.append(f"  warning: {code_warning(plan)}")
     if plan.new:
         lines += [f"  note:    {note}" for _, note in sampler_notes(config)]
     if plan.has_work:
         lines.append(f"  saves:   {describe(config.study.checkpoint)}")
-    lines.append(f"run would resume {len(plan.resume)} and start {plan.new} trial(s)" if plan.has_work
+    lines.append(f"run would resume {len(plan.resume)} and start {plan.new + len(plan.waiting)} trial(s)" if plan.has_work
                  else "run would do nothing: the study is finished (raise n_trials to add trials)")
     return "\n".join(lines)
+
+
+def _how(config: Config, plan: Plan) -> str:
+    sampled = f"sampled by {config.study.sampler.type}"
+    if not plan.enqueued:
+        return sampled
+    rest = f", the rest {sampled}" if plan.new > plan.enqueued else ""
+    return f"the first {plan.enqueued} from the file's enqueue, in order{rest}"
 
 
 def ranges(numbers: list[int]) -> str:

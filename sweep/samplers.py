@@ -8,7 +8,7 @@ import inspect
 import itertools
 import logging
 import math
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.samplers import BaseSampler
@@ -103,12 +103,59 @@ def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[
             extra = (f" (did you mean {hint[0]!r}?)" if hint else
                      f" (accepted: {', '.join(accepted)})" if accepted else " (it takes no arguments)")
             raise ConfigError(file, f"{kind}.{key}", f"not an argument of optuna.{kind}s.{cls.__name__}{extra}")
+    for key, value in kwargs.items():
+        problem = _argument_problem(value, inspect.signature(cls).parameters[key].annotation)
+        if problem:
+            raise ConfigError(file, f"{kind}.{key}", f"optuna.{kind}s.{cls.__name__} takes {problem}", value)
     try:
         return cls(**kwargs, **internal)
     except ImportError as exc:
         raise ConfigError(file, f"{kind}.type", f"needs a package that is not installed ({exc})", type_name) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(file, kind, f"optuna.{kind}s.{cls.__name__} rejects its arguments: {exc}", kwargs) from None
+
+
+# Annotation words of arguments that take Python objects (a function, a sampler, trials): a YAML
+# value is never one (TPESampler(constraints_func="mod:fn") is accepted, then fails in every
+# after_trial with "'str' object is not callable").
+_OBJECT_WORDS = ("Callable", "Sampler", "FrozenTrial", "ndarray")
+_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "None": lambda v: v is None,
+}
+
+
+def _argument_problem(value: Any, annotation: Any) -> str | None:
+    """Why `value` (from YAML) cannot be an argument annotated `annotation`; None if it can (or if
+    the annotation says too little to tell: Optuna's constructor checks the rest)."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    if annotation is inspect.Parameter.empty:
+        return None
+    parts = [part.strip() for part in text.split("|")]
+    if any(_SCALARS[part](value) for part in parts if part in _SCALARS):
+        return None
+    if value is not None and any(word in text for word in _OBJECT_WORDS):
+        return (f"a Python object here ({text}), which a study file cannot give: a string is never called or "
+                "imported; leave the key out")
+    if all(part in _SCALARS for part in parts):
+        return f"{' or '.join(parts)} here"
+    return None
+
+
+def unusable_argument(config: Config, key: str, value: Any) -> bool:
+    """Whether `key` (`sampler.<arg>` / `pruner.<arg>`, as a study stored it) with `value` can never
+    work for this file's sampler/pruner (a string for a function). A study that stored one may drop
+    it without a refusal: the trials it defined never used it (docs/search.md)."""
+    kind, _, arg = key.partition(".")
+    if kind not in ("sampler", "pruner") or arg in ("type", "seed"):
+        return False
+    section = config.study.sampler if kind == "sampler" else config.study.pruner
+    classes, module = (SAMPLER_CLASSES, optuna.samplers) if kind == "sampler" else (PRUNER_CLASSES, optuna.pruners)
+    signature = inspect.signature(getattr(module, classes[section.type])).parameters
+    return arg in signature and _argument_problem(value, signature[arg].annotation) is not None
 
 
 def build_sampler(config: Config) -> BaseSampler:

@@ -12,6 +12,7 @@ import jax
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import enqueue
 from sweep import plan as plan_lib
 from sweep import retention
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
@@ -89,9 +90,14 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
             if session.trial(t.number).state == TrialState.RUNNING:
                 return Claimed(t.number, adopted=True)
             claims.release(claims.key(t.number))
-    if len(session.trial_states()) >= config.study.n_trials or _past(deadline):
+    if _past(deadline):
         return None
-    trial = session.ask()
+    states = session.trial_states()
+    trial = enqueue.ask(session, states)  # enqueued trials first, each exactly once
+    if trial is None:
+        if enqueue.counted(states) >= config.study.n_trials:
+            return None
+        trial = session.ask()
     claims.try_take(claims.key(trial.number))
     trial.set_user_attr("checkpoint_dir", str(config.checkpoint_dir(trial.number)))
     trial.set_user_attr("resumes", 0)

@@ -213,8 +213,12 @@ class Session:
     def meaning_changes(self) -> list[tuple[str, Any, Any]]:
         """How the study file's trial-defining keys differ from the ones the study was started
         with ([] for a study started before sweep recorded them)."""
+        from sweep.samplers import unusable_argument
+
         stored = self.storage.get_study_user_attrs(self.study_id).get(fingerprint.STUDY_ATTR)
-        return fingerprint.changes(stored, fingerprint.meaning(self.config)) if stored is not None else []
+        found = fingerprint.changes(stored, fingerprint.meaning(self.config)) if stored is not None else []
+        # The way out of an argument that never worked (constraints_func: "mod:fn"): drop it.
+        return [c for c in found if not (c[2] is fingerprint.ABSENT and unusable_argument(self.config, c[0], c[1]))]
 
     def check_unchanged(self) -> None:
         """Raise the exit-2 refusal if the study file changed keys that define what trials mean."""
