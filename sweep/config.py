@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
+from sweep import space
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
@@ -35,6 +36,8 @@ PRUNER_CLASSES = {
 SamplerName = Literal[tuple(SAMPLER_CLASSES)]  # type: ignore[valid-type]
 PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
 Scalar = Union[None, bool, int, float, str]
+# A parameter's condition (sweep/space.py): parameter name -> the value, or the values, it must have.
+When = Annotated[dict[str, Union[Scalar, Annotated[list[Scalar], Field(min_length=1)]]], Field(min_length=1)]
 
 
 class _Model(BaseModel):
@@ -50,6 +53,7 @@ class FloatParam(_Model):
     step: Annotated[float, Field(gt=0)] | None = None
     # Or an explicit list (a grid over a log scale, say): sampled as a choice among them.
     values: Annotated[list[float], Field(min_length=1)] | None = None
+    when: When | None = None
 
     @model_validator(mode="after")
     def _check(self) -> FloatParam:
@@ -64,6 +68,7 @@ class IntParam(_Model):
     log: bool = False
     step: Annotated[int, Field(ge=1)] = 1
     values: Annotated[list[int], Field(min_length=1)] | None = None
+    when: When | None = None
 
     @model_validator(mode="after")
     def _check(self) -> IntParam:
@@ -90,6 +95,7 @@ def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: b
 class CategoricalParam(_Model):
     type: Literal["categorical"]
     choices: Annotated[list[Scalar], Field(min_length=1)]
+    when: When | None = None
 
     @model_validator(mode="after")
     def _check(self) -> CategoricalParam:
@@ -235,6 +241,7 @@ class StudyFile(_Model):
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
     search_space: dict[str, Param]
+    enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
     fixed: dict[str, Any] = {}
     train: Train
     checkpoint: Checkpoint = Checkpoint()
@@ -335,6 +342,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         raise _translate(origin, errors[0], raw) from None
     _check_storage(origin, study.storage)
+    space.check(origin, study)
     module = _load_trial_module(origin, study)
     return Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd()))
 

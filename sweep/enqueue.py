@@ -43,7 +43,7 @@ def ask(session: Session, states: Mapping[int, TrialState]) -> optuna.Trial | No
 
 def next_index(session: Session) -> int | None:
     """The position of the file's first entry no trial holds yet (entries go in order), or None."""
-    entries = getattr(session.config.study, "enqueue", None)
+    entries = session.config.study.enqueue
     if not entries:
         return None
     taken = {t.user_attrs.get(INDEX_ATTR) for t in session.trials()}
@@ -54,4 +54,4 @@ def next_index(session: Session) -> int | None:
 def pending(session: Session) -> list[dict[str, Any]]:
     """The file's entries still to be enqueued (for plan)."""
     index = next_index(session) if session.is_open else 0
-    return [] if index is None else list(getattr(session.config.study, "enqueue", [])[index:])
+    return [] if index is None else list(session.config.study.enqueue[index:])

@@ -37,9 +37,11 @@ def meaning(config: Config) -> dict[str, Any]:
     out: dict[str, Any] = {"trial": study["trial"]}
     for section in ("objective", "sampler", "train"):
         out.update({f"{section}.{k}": v for k, v in study[section].items()})
-    # `values` only where given: fingerprints stored before it existed stay equal.
-    out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n == "values" and x is None)}
+    # `values` and `when` only where given: fingerprints stored before they existed stay equal.
+    out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n in ("values", "when") and x is None)}
                 for k, v in study["search_space"].items()})
+    if study["enqueue"]:  # the first trials' params
+        out["enqueue"] = study["enqueue"]
     out.update({f"fixed.{k}": v for k, v in study["fixed"].items()})
     return out
 
@@ -89,7 +91,7 @@ def code_changed(old: dict[str, str] | None, new: dict[str, str]) -> bool:
 
 
 def _order(key: str) -> tuple[int, str]:
-    sections = ("trial", "search_space", "fixed", "train", "objective", "sampler")
+    sections = ("trial", "search_space", "enqueue", "fixed", "train", "objective", "sampler")
     return sections.index(key.split(".")[0]) if key.split(".")[0] in sections else len(sections), key
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 from typing import Any
 
-from sweep import enqueue, fingerprint
+from sweep import enqueue, fingerprint, space
 from sweep.best import checkpoint_folder
 from sweep.cadence import describe
 from sweep.checkpoints import newest_step
@@ -95,7 +96,7 @@ def text(config: Config, plan: Plan) -> str:
         notes = "".join(f"  note:    {note}\n" for _, note in sampler_notes(config))
         return (f"{head}: new study\n"
                 f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, {_how(config, plan)}\n"
-                f"{notes}  saves:   {describe(config.study.checkpoint)}\n"
+                f"{''.join(line + chr(10) for line in _space_lines(config, plan))}{notes}  saves:   {describe(config.study.checkpoint)}\n"
                 f"run would create the study and train {plan.new} trial(s)")
     if plan.refused:
         lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
@@ -116,6 +117,7 @@ def text(config: Config, plan: Plan) -> str:
         last = plan.first_new + plan.new - 1
         numbers = f"number {last}" if plan.new == 1 else f"numbers {plan.first_new}-{last}"
         lines.append(f"  new:     {plan.new} trial(s), {numbers}, {_how(config, plan)}")
+        lines += _space_lines(config, plan)
     if plan.code_changed:
         lines.append(f"  warning: {code_warning(plan)}")
     if plan.new:
@@ -133,6 +135,19 @@ def _how(config: Config, plan: Plan) -> str:
         return sampled
     rest = f", the rest {sampled}" if plan.new > plan.enqueued else ""
     return f"the first {plan.enqueued} from the file's enqueue, in order{rest}"
+
+
+def _space_lines(config: Config, plan: Plan) -> list[str]:
+    """The file's enqueue entries still to run, and the conditional parameters (plan's lines)."""
+    entries = config.study.enqueue[len(config.study.enqueue) - plan.enqueued:] if plan.enqueued else []
+    lines = [f"  enqueue: {json.dumps(entry)}" for entry in entries]
+    search_space = config.study.search_space
+    for name in space.order(search_space):
+        if space.conditions(search_space[name]):
+            when = " and ".join(f"{parent} in {json.dumps(allowed)}"
+                                for parent, allowed in space.conditions(search_space[name]).items())
+            lines.append(f"  when:    {name} is sampled only when {when}")
+    return lines
 
 
 def ranges(numbers: list[int]) -> str:

@@ -14,16 +14,18 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from sweep import compiled, stream
+from sweep import compiled, space, stream
 from sweep.config import CategoricalParam, Config
 from sweep.errors import ConfigError
 from sweep.state import data_seed, initial_state, run_hyperparameters
 
 
 def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
-    """Each parameter's low end (numbers) or first choice or value (categoricals, value lists)."""
-    return {name: p.choices[0] if isinstance(p, CategoricalParam) else p.values[0] if p.values is not None else p.low
-            for name, p in search_space.items()}
+    """Each parameter's low end (numbers) or first choice or value (categoricals, value lists),
+    of the parameters active at that point (sweep/space.py)."""
+    point = {name: p.choices[0] if isinstance(p, CategoricalParam) else p.values[0] if p.values is not None else p.low
+             for name, p in search_space.items()}
+    return space.active(search_space, point)
 
 
 def check(config: Config) -> None:

@@ -14,13 +14,18 @@ import optuna
 from optuna.samplers import BaseSampler
 
 from sweep.config import PRUNER_CLASSES, SAMPLER_CLASSES, CategoricalParam, Config, FloatParam, IntParam
+from sweep import space
 from sweep.errors import ConfigError
 
 
 def suggest_all(config: Config, trial: optuna.Trial) -> dict[str, Any]:
-    """Sample (or, for an adopted trial, read back) every param, in file order."""
+    """Sample (or, for an adopted trial, read back) every active param, parents before the
+    parameters their conditions guard, else in file order (sweep/space.py)."""
     params: dict[str, Any] = {}
-    for name, p in config.study.search_space.items():
+    for name in space.order(config.study.search_space):
+        p = config.study.search_space[name]
+        if not space.is_active(config.study.search_space, name, params):
+            continue  # absent from the trial's params: the trial's default applies
         if isinstance(p, CategoricalParam) or p.values is not None:
             params[name] = trial.suggest_categorical(name, p.choices if isinstance(p, CategoricalParam) else p.values)
         elif isinstance(p, FloatParam):

@@ -4,6 +4,9 @@ define-by-run `search_space(trial)` of a trial module. Through the real CLI."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import optuna
 import pytest
 import yaml
@@ -106,3 +109,115 @@ def test_a_stored_argument_that_never_worked_may_be_dropped(write_study):
     optuna_study.set_user_attr(fingerprint.STUDY_ATTR, {**stored, "sampler.n_ei_candidates": 24})
     result = run_cli("plan", study, cwd=study.parent)
     assert result.returncode == 2 and "sampler.n_ei_candidates: 24 -> (absent)" in result.stderr + result.stdout
+
+
+# --- conditional parameters and the file's enqueue --------------------------------------------
+
+TWO_OPTIMIZERS = {
+    "trial": "two_optimizers",
+    "n_trials": 5,
+    "sampler": {"type": "tpe", "seed": 3, "n_startup_trials": 3},
+    "search_space": {
+        "optimizer": {"type": "categorical", "choices": ["sgd", "adam"]},
+        "learning_rate": {"type": "float", "low": 1.0e-3, "high": 1.0e-1, "log": True},
+        "momentum": {"type": "float", "low": 0.5, "high": 0.99, "when": {"optimizer": "sgd"}},
+        "b1": {"type": "float", "low": 0.8, "high": 0.95, "when": {"optimizer": ["adam"]}},
+    },
+    "enqueue": [{"optimizer": "sgd", "learning_rate": 0.02, "momentum": 0.9}, {"optimizer": "adam"}],
+    "fixed": {},
+    **FAST,
+}
+ACTIVE = {"sgd": {"optimizer", "learning_rate", "momentum"}, "adam": {"optimizer", "learning_rate", "b1"}}
+
+
+def _beside(tmp_path, name, **override):
+    """A study folder holding the study file and the two-optimizer trial module (a user's own)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(Path(__file__).with_name("two_optimizers.py"), folder)
+    data = merge(BASE_STUDY, {**TWO_OPTIMIZERS, **override})
+    data["workdir"] = str(folder / "runs")
+    study = folder / "study.yaml"
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    return study
+
+
+@pytest.mark.slow
+def test_conditional_space_killed_and_resumed_is_bit_identical_and_enqueued_trials_run_once(tmp_path):
+    clean = _beside(tmp_path, "clean")
+    assert run_cli("run", clean, cwd=clean.parent).returncode == 0
+    killed = _beside(tmp_path, "killed")
+    plan = run_cli("plan", killed, cwd=killed.parent)
+    assert "momentum is sampled only when optimizer in [\"sgd\"]" in plan.stdout, plan.stdout
+    assert 'enqueue: {"optimizer": "adam"}' in plan.stdout, plan.stdout
+    kill_mid_trial(killed, 1, 100)  # the second enqueued trial
+    kill_mid_trial(killed, 3, 100)  # a sampled one, after the startup trials
+    result = run_cli("run", killed, cwd=killed.parent)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(killed) == snapshot(clean)
+    trials = study_of(killed).trials
+    assert len(trials) == 5 and all(t.state.name == "COMPLETE" for t in trials)
+    assert [t.user_attrs.get("enqueue_index") for t in trials] == [0, 1, None, None, None]
+    assert trials[0].params == {"optimizer": "sgd", "learning_rate": 0.02, "momentum": 0.9}
+    assert trials[1].params["optimizer"] == "adam"
+    for t in trials:
+        assert set(t.params) == ACTIVE[t.params["optimizer"]], t.params
+
+
+def _space(**params):
+    base = TWO_OPTIMIZERS["search_space"]
+    return {**base, **params}
+
+
+@pytest.mark.parametrize("override, key, words", [
+    ({"search_space": _space(momentum={"type": "float", "low": 0.5, "high": 0.99, "when": {"optimiser": "sgd"}})},
+     "search_space.momentum.when.optimiser", "must name a parameter of search_space"),
+    ({"search_space": _space(momentum={"type": "float", "low": 0.5, "high": 0.99, "when": {"optimizer": "rmsprop"}})},
+     "search_space.momentum.when.optimizer", "can never hold: 'rmsprop'"),
+    ({"search_space": _space(momentum={"type": "float", "low": 0.5, "high": 0.99, "when": {"learning_rate": 0.1}})},
+     "search_space.momentum.when.learning_rate", "continuous float range"),
+    ({"search_space": _space(optimizer={"type": "categorical", "choices": ["sgd", "adam"], "when": {"b1": 0.9}},
+                             b1={"type": "float", "values": [0.9, 0.95], "when": {"optimizer": "adam"}})},
+     "search_space.optimizer.when", "must not form a cycle"),
+    ({"sampler": {"type": "grid"}, "search_space": {
+        "optimizer": {"type": "categorical", "choices": ["sgd", "adam"]},
+        "momentum": {"type": "float", "values": [0.5, 0.9], "when": {"optimizer": "sgd"}}}, "enqueue": []},
+     "search_space.momentum.when", "not grid"),
+    ({"enqueue": [{"optimizer": "sgd", "learning_rate": 0.5}]}, "enqueue.0.learning_rate", "outside the search space"),
+    ({"enqueue": [{"optimizer": "adam"}, {"optimiser": "sgd"}]}, "enqueue.1.optimiser", "must name a parameter"),
+    ({"enqueue": [{"optimizer": "adam", "momentum": 0.9}]}, "enqueue.0.momentum", "not active for this entry"),
+    ({"enqueue": [{"optimizer": "sgd", "momentum": 0.9, "learning_rate": True}]}, "enqueue.0.learning_rate",
+     "outside the search space"),
+])
+def test_bad_conditions_and_enqueue_entries_are_config_errors(tmp_path, monkeypatch, override, key, words):
+    from sweep import config as config_lib
+    from sweep.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # two_optimizers, as if beside the file
+    with pytest.raises(ConfigError) as err:
+        config_lib.from_dict(merge(BASE_STUDY, {**TWO_OPTIMIZERS, **override}), origin="s.yaml")
+    assert err.value.key == key and words in str(err.value), str(err.value)
+
+
+@pytest.mark.slow
+def test_a_bad_condition_exits_2_through_the_cli(tmp_path):
+    study = _beside(tmp_path, "bad", search_space=_space(
+        b1={"type": "float", "low": 0.8, "high": 0.95, "when": {"optimiser": "adam"}}))
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 2 and "search_space.b1.when.optimiser" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (study.parent / "runs").exists()
+
+
+def test_the_fingerprint_knows_conditions_and_enqueue(tmp_path, monkeypatch):
+    from sweep import config as config_lib, fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    old = fingerprint.meaning(config_lib.from_dict(merge(BASE_STUDY, TWO_OPTIMIZERS)))
+    new_space = _space(b1={"type": "float", "low": 0.8, "high": 0.95, "when": {"optimizer": ["adam", "sgd"]}})
+    new = fingerprint.meaning(config_lib.from_dict(merge(BASE_STUDY, {**TWO_OPTIMIZERS, "search_space": new_space,
+                                                                       "enqueue": [{"optimizer": "adam"}]})))
+    assert [key for key, _, _ in fingerprint.changes(old, new)] == ["search_space.b1.when", "enqueue"]
+    plain = fingerprint.meaning(config_lib.from_dict(dict(BASE_STUDY)))
+    assert "enqueue" not in plain and all("when" not in v for k, v in plain.items() if k.startswith("search_space"))
