@@ -240,7 +240,8 @@ class StudyFile(_Model):
     objective: Objective
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
-    search_space: dict[str, Param]
+    # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
+    search_space: dict[str, Param] | None = None
     enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
     fixed: dict[str, Any] = {}
     train: Train
@@ -279,6 +280,13 @@ class Config:
     @property
     def name(self) -> str:
         return self.study.name
+
+    @property
+    def sampled_names(self) -> list[str]:
+        """Names a trial's params may hold: the search space's, or (define-by-run) every
+        hyperparameter of the trial that is not fixed."""
+        names = self.study.search_space or self.trial_module.HYPERPARAMETERS
+        return [name for name in names if name not in self.study.fixed]
 
     def hyperparameters(self, params: dict[str, Any]) -> dict[str, Any]:
         """What the trial sees: its defaults, overridden by fixed values and sampled params."""
@@ -489,13 +497,18 @@ def _load_trial_module(file: str, study: StudyFile) -> Any:
 
 def _check_names(file: str, study: StudyFile, module: Any) -> None:
     known = list(module.HYPERPARAMETERS)
-    for section, names in (("search_space", study.search_space), ("fixed", study.fixed)):
+    if study.search_space is None and not callable(getattr(module, "search_space", None)):
+        raise ConfigError(file, "search_space", f"is required (or define search_space(trial) in {study.trial}: "
+                          "Optuna's define-by-run API)")
+    enqueued = {name for entry in study.enqueue for name in entry} if study.search_space is None else set()
+    for section, names in (("search_space", study.search_space or {}), ("fixed", study.fixed),
+                           ("enqueue", enqueued)):
         for name in names:
             if name not in known:
                 hint = difflib.get_close_matches(name, known, n=1)
                 extra = f" (did you mean {hint[0]!r}?)" if hint else f" (it understands: {', '.join(known)})"
                 raise ConfigError(file, f"{section}.{name}", f"not a hyperparameter of {study.trial}{extra}")
-    for name in study.search_space:
+    for name in [*(study.search_space or {}), *enqueued]:
         if name in study.fixed:
             raise ConfigError(file, f"fixed.{name}", "is also in search_space; a name is either sampled or fixed")
     metrics = list(module.METRICS)

@@ -38,8 +38,10 @@ def meaning(config: Config) -> dict[str, Any]:
     for section in ("objective", "sampler", "train"):
         out.update({f"{section}.{k}": v for k, v in study[section].items()})
     # `values` and `when` only where given: fingerprints stored before they existed stay equal.
+    if study["search_space"] is None:  # define-by-run: the function's source defines the space
+        out["search_space"] = define_by_run(config)
     out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n in ("values", "when") and x is None)}
-                for k, v in study["search_space"].items()})
+                for k, v in (study["search_space"] or {}).items()})
     if study["enqueue"]:  # the first trials' params
         out["enqueue"] = study["enqueue"]
     out.update({f"fixed.{k}": v for k, v in study["fixed"].items()})
@@ -84,6 +86,17 @@ def code(config: Config) -> dict[str, str]:
     except (OSError, TypeError):
         path, digest = getattr(module, "__file__", "") or "", ""
     return {"module": module.__name__, "file": path, "sha256": digest}
+
+
+def define_by_run(config: Config) -> dict[str, str]:
+    """The trial module's search_space(trial): its name and the sha256 of its source."""
+    fn = config.trial_module.search_space
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = repr(getattr(fn, "__code__", fn))
+    return {"function": f"{config.trial_module.__name__}.search_space",
+            "sha256": hashlib.sha256(source.encode()).hexdigest()}
 
 
 def code_changed(old: dict[str, str] | None, new: dict[str, str]) -> bool:

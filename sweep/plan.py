@@ -142,6 +142,8 @@ def _space_lines(config: Config, plan: Plan) -> list[str]:
     entries = config.study.enqueue[len(config.study.enqueue) - plan.enqueued:] if plan.enqueued else []
     lines = [f"  enqueue: {json.dumps(entry)}" for entry in entries]
     search_space = config.study.search_space
+    if search_space is None:
+        return [*lines, f"  space:   define-by-run, {config.study.trial}.search_space(trial)"]
     for name in space.order(search_space):
         if space.conditions(search_space[name]):
             when = " and ".join(f"{parent} in {json.dumps(allowed)}"

@@ -28,6 +28,29 @@ def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
     return space.active(search_space, point)
 
 
+def define_by_run_point(config: Config) -> dict[str, Any]:
+    """The params the trial module's search_space(trial) gives a trial of a throwaway in-memory
+    study (nothing stored); each name must be a hyperparameter of the trial, and not fixed."""
+    import optuna
+
+    from sweep.samplers import suggest_all
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory"
+    try:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    with _Blame(config, "search_space", {}):
+        params = suggest_all(config, study.ask())
+    for name in params:
+        if name not in config.sampled_names:
+            rule = "is fixed in the study file" if name in config.study.fixed else "is not one of its HYPERPARAMETERS"
+            raise ConfigError(str(config.path), "trial", f"{config.study.trial}.search_space suggests {name!r}, which "
+                              f"{rule}")
+    return params
+
+
 def check(config: Config) -> None:
     """Raise ConfigError if the trial's code cannot train or evaluate (see the module docstring).
 
@@ -35,13 +58,13 @@ def check(config: Config) -> None:
     propagates unchanged.
     """
     module, study = config.trial_module, config.study
-    params = first_point(study.search_space)
+    params = first_point(study.search_space) if study.search_space is not None else define_by_run_point(config)
     hp = config.hyperparameters(params)
     with _Blame(config, "init", params):
         fresh = initial_state(config, 0, hp, abstract=True)
     state, data = fresh.state, fresh.data
     run_hp = run_hyperparameters(config, hp)
-    fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), study.train.devices,
+    fns = compiled.Functions(module, run_hp, compiled.traced_names(config.sampled_names, hp), study.train.devices,
                              kind=fresh.kind)
     model_state = state.get("model_state", {})
     window_data, eval_data = data, data

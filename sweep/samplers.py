@@ -8,7 +8,7 @@ import inspect
 import itertools
 import logging
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import optuna
 from optuna.samplers import BaseSampler
@@ -21,6 +21,10 @@ from sweep.errors import ConfigError
 def suggest_all(config: Config, trial: optuna.Trial) -> dict[str, Any]:
     """Sample (or, for an adopted trial, read back) every active param, parents before the
     parameters their conditions guard, else in file order (sweep/space.py)."""
+    if config.study.search_space is None:  # define-by-run: the trial module's own suggests
+        returned = config.trial_module.search_space(trial)
+        # A returned mapping adds derived values (recomputed alike for an adopted trial).
+        return {**trial.params, **(dict(returned) if isinstance(returned, Mapping) else {})}
     params: dict[str, Any] = {}
     for name in space.order(config.study.search_space):
         p = config.study.search_space[name]
@@ -37,6 +41,9 @@ def suggest_all(config: Config, trial: optuna.Trial) -> dict[str, Any]:
 
 def _grid(config: Config) -> dict[str, list[Any]]:
     grid: dict[str, list[Any]] = {}
+    if config.study.search_space is None:
+        raise ConfigError(str(config.path), "sampler.type", "grid needs search_space in the study file (the grid "
+                          f"of a define-by-run {config.study.trial}.search_space is not known before it runs)", "grid")
     for name, p in config.study.search_space.items():
         if isinstance(p, CategoricalParam):
             grid[name] = list(p.choices)

@@ -106,8 +106,8 @@ def check(file: str, study: Any) -> None:
         name = next(n for n, p in space.items() if conditions(p))
         raise ConfigError(file, f"search_space.{name}.when", "conditional parameters need a sampler that "
                           "samples per trial (tpe, random, qmc, cmaes, gp), not grid", "grid")
-    for i, entry in enumerate(study.enqueue):
-        _check_entry(file, space, i, entry)
+    for i, entry in enumerate(study.enqueue if study.search_space is not None else ()):
+        _check_entry(file, space, i, entry)  # define-by-run: names checked against the trial's, values by Optuna
 
 
 def _check_cycles(file: str, space: Mapping[str, Any]) -> None:

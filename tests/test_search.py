@@ -221,3 +221,61 @@ def test_the_fingerprint_knows_conditions_and_enqueue(tmp_path, monkeypatch):
     assert [key for key, _, _ in fingerprint.changes(old, new)] == ["search_space.b1.when", "enqueue"]
     plain = fingerprint.meaning(config_lib.from_dict(dict(BASE_STUDY)))
     assert "enqueue" not in plain and all("when" not in v for k, v in plain.items() if k.startswith("search_space"))
+
+
+# --- define-by-run: the trial module's search_space(trial) ------------------------------------
+
+
+@pytest.mark.slow
+def test_define_by_run_space_resumes_with_recorded_params_and_its_source_is_trial_defining(tmp_path):
+    hatch = {"search_space": None, "enqueue": [], "n_trials": 3, "sampler": {"type": "tpe", "seed": 5,
+                                                                          "n_startup_trials": 2}}
+    clean = _beside(tmp_path, "clean", **hatch)
+    killed = _beside(tmp_path, "killed", **hatch)
+    for study in (clean, killed):  # no search_space key at all
+        data = yaml.safe_load(study.read_text())
+        del data["search_space"], data["enqueue"]
+        study.write_text(yaml.safe_dump(data, sort_keys=False))
+    plan = run_cli("plan", killed, cwd=killed.parent)
+    assert "space:   define-by-run, two_optimizers.search_space(trial)" in plan.stdout, plan.stdout + plan.stderr
+    assert run_cli("run", clean, cwd=clean.parent).returncode == 0
+    kill_mid_trial(killed, 2, 100)  # sampled by TPE's model
+    before = {t.number: t.params for t in study_of(killed).trials}
+    result = run_cli("run", killed, cwd=killed.parent)
+    assert result.returncode == 0, result.stderr
+    assert "trial 2: resumed from step" in result.stderr
+    assert snapshot(killed) == snapshot(clean)
+    trials = study_of(killed).trials
+    assert trials[2].params == before[2]
+    for t in trials:
+        assert set(t.params) == ACTIVE[t.params["optimizer"]], t.params
+    # The function's source defines the space: an edit is refused, naming it.
+    module = killed.parent / "two_optimizers.py"
+    module.write_text(module.read_text().replace("0.5, 0.99", "0.6, 0.99"))
+    result = run_cli("run", killed, cwd=killed.parent)
+    assert result.returncode == 2 and "search_space:" in result.stderr and "sha256" in result.stderr, result.stderr
+
+
+def test_no_search_space_without_a_define_by_run_function_is_a_config_error(tmp_path, monkeypatch):
+    from sweep import config as config_lib
+    from sweep.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    data = {k: v for k, v in BASE_STUDY.items() if k != "search_space"}
+    with pytest.raises(ConfigError) as err:
+        config_lib.from_dict(data, origin="s.yaml")
+    assert err.value.key == "search_space" and "search_space(trial)" in str(err.value)
+
+
+def test_define_by_run_suggesting_a_fixed_name_is_a_config_error(tmp_path, monkeypatch):
+    from sweep import config as config_lib, preflight
+    from sweep.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    data = {k: v for k, v in merge(BASE_STUDY, TWO_OPTIMIZERS).items() if k not in ("search_space", "enqueue")}
+    data["fixed"] = {"learning_rate": 0.01}
+    config = config_lib.from_dict(data, origin="s.yaml")
+    with pytest.raises(ConfigError) as err:
+        preflight.define_by_run_point(config)
+    assert "suggests 'learning_rate', which is fixed" in str(err.value)
