@@ -44,10 +44,12 @@ def ask(session: Session, states: Mapping[int, TrialState]) -> optuna.Trial | No
 def next_index(session: Session) -> int | None:
     """The position of the file's first entry no trial holds yet (entries go in order), or None."""
     entries = session.config.study.enqueue
-    if not entries:
+    if not entries or session.enqueue_done:
         return None
+    # Every trial, read while entries remain (then remembered: entries are never enqueued again).
     taken = {t.user_attrs.get(INDEX_ATTR) for t in session.trials()}
     index = next((i for i in range(len(entries)) if i not in taken), None)
+    session.enqueue_done = index is None
     return index
 
 

@@ -62,6 +62,7 @@ class Session:
         # Trials this process told finished: their claims are released, and an upload still
         # queued for one of them may find no holder (but not another worker's claim).
         self.finished_here: set[int] = set()
+        self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (sweep/enqueue.py)
 
     # --- opening -------------------------------------------------------------------------------
 
