@@ -279,3 +279,17 @@ def test_define_by_run_suggesting_a_fixed_name_is_a_config_error(tmp_path, monke
     with pytest.raises(ConfigError) as err:
         preflight.define_by_run_point(config)
     assert "suggests 'learning_rate', which is fixed" in str(err.value)
+
+
+@pytest.mark.slow
+def test_an_entry_enqueued_by_a_run_killed_before_its_ask_runs_once(tmp_path):
+    """The state a kill between the enqueue write and the ask leaves: entry 0 WAITING."""
+    study = _beside(tmp_path, "cut", n_trials=2)
+    (study.parent / "runs").mkdir()
+    cut = optuna.create_study(study_name="t", storage=_storage(study))
+    cut.enqueue_trial(TWO_OPTIMIZERS["enqueue"][0], user_attrs={"enqueue_index": 0})
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    trials = study_of(study).trials
+    assert [t.user_attrs.get("enqueue_index") for t in trials] == [0, 1]
+    assert [t.params for t in trials] == [TWO_OPTIMIZERS["enqueue"][0], {**trials[1].params, "optimizer": "adam"}]
