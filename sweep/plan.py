@@ -32,7 +32,8 @@ class Plan:
     code: dict[str, str]  # the trial module's fingerprint now
     stored_code: dict[str, str] | None  # ... and when the study ran last
     waiting: list[int] = dataclasses.field(default_factory=list)  # WAITING (enqueued): run first
-    enqueued: int = 0  # of `new`: the file's `enqueue` entries still to run (they go first)
+    entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of `new`: the file's
+    # `enqueue` entries still to run, in order (they go first)
 
     @property
     def code_changed(self) -> bool:
@@ -42,6 +43,10 @@ class Plan:
     def has_work(self) -> bool:
         return bool(self.resume or self.new or self.waiting)
 
+    @property
+    def enqueued(self) -> int:
+        return len(self.entries)
+
 
 def make(session: Session) -> Plan:
     """The plan of `session`'s study as its storage and checkpoint folders are now. Reads only."""
@@ -49,7 +54,7 @@ def make(session: Session) -> Plan:
     code = fingerprint.code(config)
     if not session.open_existing():
         n = config.study.n_trials
-        return Plan(False, {}, {}, [], n, 0, [], code, None, enqueued=min(n, len(enqueue.pending(session))))
+        return Plan(False, {}, {}, [], n, 0, [], code, None, entries=enqueue.pending(session)[:n])
     # States in one narrow query; whole trials (for their checkpoint folders) only of the running
     # ones: loading every trial costs seconds in a study of thousands, at every start of `run`.
     states = session.trial_states()
@@ -62,13 +67,14 @@ def make(session: Session) -> Plan:
         finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},
         resume={t.number: _newest(config, t, remote) for t in running if t.number not in live},
         live=sorted(live),
-        new=(new := max(0, config.study.n_trials - enqueue.counted(states))),
+        # WAITING trials run first and then count: new ones fill up to n_trials after them.
+        new=(new := max(0, config.study.n_trials - enqueue.counted(states) - len(enqueue.waiting(states)))),
         first_new=max(states, default=-1) + 1,
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),
         waiting=enqueue.waiting(states),
-        enqueued=min(new, len(enqueue.pending(session))),
+        entries=enqueue.pending(session)[:new],
     )
 
 
@@ -96,7 +102,8 @@ def text(config: Config, plan: Plan) -> str:
         notes = "".join(f"  note:    {note}\n" for _, note in sampler_notes(config))
         return (f"{head}: new study\n"
                 f"  new:     {plan.new} trial(s), numbers 0-{plan.new - 1}, {_how(config, plan)}\n"
-                f"{''.join(line + chr(10) for line in _space_lines(config, plan))}{notes}  saves:   {describe(config.study.checkpoint)}\n"
+                + "".join(f"{line}\n" for line in _space_lines(config, plan))
+                + f"{notes}  saves:   {describe(config.study.checkpoint)}\n"
                 f"run would create the study and train {plan.new} trial(s)")
     if plan.refused:
         lines = "\n".join(f"  {key}: {fingerprint.show(a)} -> {fingerprint.show(b)}" for key, a, b in plan.refused)
@@ -124,7 +131,8 @@ def text(config: Config, plan: Plan) -> str:
         lines += [f"  note:    {note}" for _, note in sampler_notes(config)]
     if plan.has_work:
         lines.append(f"  saves:   {describe(config.study.checkpoint)}")
-    lines.append(f"run would resume {len(plan.resume)} and start {plan.new + len(plan.waiting)} trial(s)" if plan.has_work
+    started = plan.new + len(plan.waiting)
+    lines.append(f"run would resume {len(plan.resume)} and start {started} trial(s)" if plan.has_work
                  else "run would do nothing: the study is finished (raise n_trials to add trials)")
     return "\n".join(lines)
 
@@ -139,8 +147,7 @@ def _how(config: Config, plan: Plan) -> str:
 
 def _space_lines(config: Config, plan: Plan) -> list[str]:
     """The file's enqueue entries still to run, and the conditional parameters (plan's lines)."""
-    entries = config.study.enqueue[len(config.study.enqueue) - plan.enqueued:] if plan.enqueued else []
-    lines = [f"  enqueue: {json.dumps(entry)}" for entry in entries]
+    lines = [f"  enqueue: {json.dumps(entry)}" for entry in plan.entries]
     search_space = config.study.search_space
     if search_space is None:
         return [*lines, f"  space:   define-by-run, {config.study.trial}.search_space(trial)"]
