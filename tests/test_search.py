@@ -294,3 +294,27 @@ def test_an_entry_enqueued_by_a_run_killed_before_its_ask_runs_once(tmp_path):
     trials = study_of(study).trials
     assert [t.user_attrs.get("enqueue_index") for t in trials] == [0, 1]
     assert [t.params for t in trials] == [TWO_OPTIMIZERS["enqueue"][0], {**trials[1].params, "optimizer": "adam"}]
+
+
+def test_nested_conditions_sample_exactly_the_active_parameters(tmp_path, monkeypatch):
+    from sweep import config as config_lib
+    from sweep.samplers import suggest_all
+
+    monkeypatch.chdir(tmp_path)
+    nested = {
+        "hidden": {"type": "int", "low": 16, "high": 64, "step": 16, "when": {"depth": 2}},  # before its parent
+        "optimizer": {"type": "categorical", "choices": ["adam", "sgd"]},
+        "depth": {"type": "int", "low": 1, "high": 2, "when": {"optimizer": "sgd"}},
+        "weight_decay": {"type": "float", "values": [0.0, 1.0e-4], "when": {"optimizer": "sgd", "depth": [1]}},
+    }
+    config = config_lib.from_dict(merge(BASE_STUDY, {"search_space": nested, "sampler": {"type": "random"}}))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(40):
+        params = suggest_all(config, study.ask())
+        expected = {"optimizer"}
+        if params["optimizer"] == "sgd":
+            expected |= {"depth"} | ({"hidden"} if params["depth"] == 2 else {"weight_decay"})
+        assert set(params) == expected, params
+        seen.add(frozenset(params))
+    assert len(seen) == 3  # every branch was taken
