@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 from sweep import space
+from sweep.constraints import Constraint
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
@@ -243,6 +244,7 @@ class StudyFile(_Model):
     # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
     search_space: dict[str, Param] | None = None
     enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
+    constraints: list[Constraint] = []  # on reported metrics (sweep/constraints.py)
     fixed: dict[str, Any] = {}
     train: Train
     checkpoint: Checkpoint = Checkpoint()
@@ -515,3 +517,7 @@ def _check_names(file: str, study: StudyFile, module: Any) -> None:
     if study.objective.metric not in metrics:
         raise ConfigError(file, "objective.metric", f"must be a metric of {study.trial} (one of {', '.join(metrics)})",
                           study.objective.metric)
+    for i, c in enumerate(study.constraints):
+        if c.metric not in metrics:
+            raise ConfigError(file, f"constraints.{i}.metric", f"must be a metric of {study.trial} (one of "
+                              f"{', '.join(metrics)})", c.metric)

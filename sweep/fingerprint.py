@@ -44,6 +44,8 @@ def meaning(config: Config) -> dict[str, Any]:
                 for k, v in (study["search_space"] or {}).items()})
     if study["enqueue"]:  # the first trials' params
         out["enqueue"] = study["enqueue"]
+    if study["constraints"]:  # they steer the sampler and decide which trial is best
+        out["constraints"] = study["constraints"]
     out.update({f"fixed.{k}": v for k, v in study["fixed"].items()})
     return out
 
@@ -104,7 +106,7 @@ def code_changed(old: dict[str, str] | None, new: dict[str, str]) -> bool:
 
 
 def _order(key: str) -> tuple[int, str]:
-    sections = ("trial", "search_space", "enqueue", "fixed", "train", "objective", "sampler")
+    sections = ("trial", "search_space", "enqueue", "fixed", "train", "objective", "constraints", "sampler")
     return sections.index(key.split(".")[0]) if key.split(".")[0] in sections else len(sections), key
 
 

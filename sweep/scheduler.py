@@ -12,7 +12,7 @@ import jax
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep import enqueue
+from sweep import constraints, enqueue
 from sweep import plan as plan_lib
 from sweep import retention
 from sweep.best import COMPILES_ATTR, DATA_SHAPES_ATTR, eval_attr, metrics_at
@@ -224,6 +224,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             for name, value in (("best_step", outcome.best_step), ("best_value", outcome.best_value),
                                 ("last_step", outcome.last_step), ("metrics", best_metrics)):
                 trial.set_user_attr(name, value)
+            _set_constraints(session, trial, best_metrics)
             ckpt.wait()
             return outcome
         except Interrupted:
@@ -244,6 +245,16 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             frozen = session.trial(number)  # the failed attempt's new reports
         finally:
             ckpt.close()
+
+
+def _set_constraints(session: Session, trial: optuna.Trial, metrics: dict[str, Any]) -> None:
+    """Before the tell: the trial's constraint values, where the sampler and readers find them.
+    Optuna keeps the first value of a key (a resumed trial's are the same: bit-identical)."""
+    study = session.config.study
+    recorded = session.trial(trial.number).constraints
+    for key, value in zip(constraints.keys(study.constraints), constraints.values(study.constraints, metrics)):
+        if key not in recorded:
+            trial.set_constraint(key, value)
 
 
 def _after_finish(session: Session) -> None:

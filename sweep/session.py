@@ -170,7 +170,14 @@ class Session:
         return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
 
     def best_trial(self) -> FrozenTrial | None:
-        """The best COMPLETE trial, read alone; None if there is none."""
+        """The best COMPLETE trial, read alone (with constraints: the best feasible one); None if
+        there is none."""
+        if self.config.study.constraints:
+            from sweep.constraints import feasible
+
+            found = [t for t in self.trials((TrialState.COMPLETE,)) if feasible(t)]
+            sign = self.config.study.objective.sign
+            return min(found, key=lambda t: (sign * t.value, t.number), default=None)
         try:
             return self.storage.get_best_trial(self.study_id)
         except ValueError:

@@ -318,3 +318,63 @@ def test_nested_conditions_sample_exactly_the_active_parameters(tmp_path, monkey
         assert set(params) == expected, params
         seen.add(frozenset(params))
     assert len(seen) == 3  # every branch was taken
+
+
+# --- constraints on reported metrics ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_constraint_keeps_infeasible_trials_from_best_in_status_export_and_summary(write_study, tmp_path):
+    import json
+
+    plain = write_study("plain.yaml", name="plain", n_trials=3, sampler={"type": "random", "seed": 4}, **FAST)
+    assert run_cli("run", plain, cwd=tmp_path).returncode == 0
+    ranked = sorted(study_of(plain).trials, key=lambda t: t.value)
+    threshold = (ranked[0].value + ranked[1].value) / 2  # the best trial's val_loss is below it
+    # The same trials (random sampling does not read constraints), the best one now infeasible.
+    study = write_study("c.yaml", name="c", n_trials=3, sampler={"type": "random", "seed": 4},
+                        constraints=[{"metric": "val_loss", "min": threshold}], **FAST)
+    result = run_cli("run", study, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"best trial: {ranked[1].number} " in result.stdout, result.stdout
+    status = json.loads(run_cli("status", study, "--json", cwd=tmp_path).stdout)
+    assert {t["number"]: t["feasible"] for t in status["trials"]} == {
+        ranked[0].number: False, ranked[1].number: True, ranked[2].number: True}
+    table = run_cli("status", study, cwd=tmp_path).stdout
+    starred = [line.split()[1] for line in table.splitlines() if line.startswith("*")]
+    assert starred == [str(ranked[1].number)], table
+    assert run_cli("export", study, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert [e["number"] for e in index["trials"]] == [ranked[1].number, ranked[2].number, ranked[0].number]
+    assert [e["feasible"] for e in index["trials"]] == [True, True, False]
+    # Optuna's own record, which its samplers (TPE, GP) read: <= 0 where the constraint holds.
+    by_number = {t.number: t for t in study_of(study).trials}
+    assert by_number[ranked[0].number].constraints == {"0.val_loss": pytest.approx(threshold - ranked[0].value)}
+    assert by_number[ranked[1].number].constraints["0.val_loss"] <= 0
+    assert "feasible" not in json.loads(run_cli("status", plain, "--json", cwd=tmp_path).stdout)["trials"][0]
+
+
+@pytest.mark.parametrize("constraint, key, words", [
+    ({"metric": "n_params", "max": 1.0e6}, "constraints.0.metric", "must be a metric of trials.digits_mlp"),
+    ({"metric": "val_loss"}, "constraints.0.max", "give max and/or min"),
+    ({"metric": "val_loss", "min": 2.0, "max": 1.0}, "constraints.0.min", "must be <= max"),
+])
+def test_bad_constraints_are_config_errors(tmp_path, monkeypatch, constraint, key, words):
+    from sweep import config as config_lib
+    from sweep.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        config_lib.from_dict(merge(BASE_STUDY, {"constraints": [constraint]}), origin="s.yaml")
+    assert err.value.key == key and words in str(err.value), str(err.value)
+
+
+def test_constraint_values_and_they_are_trial_defining(tmp_path, monkeypatch):
+    from sweep import config as config_lib, constraints, fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    config = config_lib.from_dict(merge(BASE_STUDY, {"constraints": [{"metric": "val_accuracy", "min": 0.9}]}))
+    assert constraints.values(config.study.constraints, {"val_accuracy": 0.95}) == pytest.approx([-0.05])
+    assert constraints.values(config.study.constraints, {"val_accuracy": float("nan")}) == [float("inf")]
+    plain = fingerprint.meaning(config_lib.from_dict(dict(BASE_STUDY)))
+    assert [k for k, _, _ in fingerprint.changes(plain, fingerprint.meaning(config))] == ["constraints"]
