@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import integrity
+from sweep.constraints import feasible
 from sweep.errors import DiskFault, SweepError
 
 log = logging.getLogger("sweep")
@@ -191,10 +192,11 @@ def _leftovers(root: Path) -> None:
 
 
 def _ranked(session: Any, finished: list[FrozenTrial]) -> list[FrozenTrial]:
-    """The COMPLETE trials, best first (ties: lower number first)."""
+    """The COMPLETE trials, best first (ties: lower number first); with constraints, the feasible
+    ones before the infeasible ones (which are never best)."""
     sign = session.config.study.objective.sign
     complete = [t for t in finished if t.state == TrialState.COMPLETE and t.value is not None]
-    return sorted(complete, key=lambda t: (sign * t.value, t.number))
+    return sorted(complete, key=lambda t: (feasible(t) is False, sign * t.value, t.number))
 
 
 def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
