@@ -79,7 +79,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
                     _exit_on_signal=True)
         print(session.summary())
-        if session._session.best_trial() is None:  # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes)
+        from optuna.trial import TrialState
+
+        # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
+        if TrialState.COMPLETE not in session._session.trial_states().values():
             raise SweepError(no_complete_trial(session) or "no trial completed")
     return 0
 

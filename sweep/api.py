@@ -143,7 +143,9 @@ class StudySession:
             ConfigError: the trial's code cannot train or evaluate, as `run` would.
         """
         from sweep import plan as plan_lib, preflight
+        from sweep.samplers import check_config
 
+        check_config(self.config)  # sampler/pruner arguments, as `run` checks them first
         plan = plan_lib.make(self._session)
         if not plan.refused:
             preflight.check(self.config)

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 from sweep import credentials, study_yaml
+from sweep import space
+from sweep.constraints import Constraint
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
@@ -38,6 +40,8 @@ PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
 Scalar = Union[None, bool, int, float, str]
 MAX_EXACT = 2 ** 53  # the largest magnitude a float64 (Optuna's stored parameter) holds exactly
 MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
+# A parameter's condition (sweep/space.py): parameter name -> the value, or the values, it must have.
+When = Annotated[dict[str, Union[Scalar, Annotated[list[Scalar], Field(min_length=1)]]], Field(min_length=1)]
 
 
 class _Model(BaseModel):
@@ -53,6 +57,7 @@ class FloatParam(_Model):
     step: Annotated[float, Field(gt=0)] | None = None
     # Or an explicit list (a grid over a log scale, say): sampled as a choice among them.
     values: Annotated[list[float], Field(min_length=1)] | None = None
+    when: When | None = None
 
     @model_validator(mode="after")
     def _check(self) -> FloatParam:
@@ -67,6 +72,7 @@ class IntParam(_Model):
     log: bool = False
     step: Annotated[int, Field(ge=1)] = 1
     values: Annotated[list[int], Field(min_length=1)] | None = None
+    when: When | None = None
 
     @model_validator(mode="after")
     def _check(self) -> IntParam:
@@ -95,6 +101,7 @@ def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: b
 class CategoricalParam(_Model):
     type: Literal["categorical"]
     choices: Annotated[list[Scalar], Field(min_length=1)]
+    when: When | None = None
 
     @model_validator(mode="after")
     def _check(self) -> CategoricalParam:
@@ -251,7 +258,10 @@ class StudyFile(_Model):
     objective: Objective
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
-    search_space: dict[str, Param]
+    # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
+    search_space: dict[str, Param] | None = None
+    enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
+    constraints: list[Constraint] = []  # on reported metrics (sweep/constraints.py)
     fixed: dict[str, Any] = {}
     train: Train
     checkpoint: Checkpoint = Checkpoint()
@@ -292,6 +302,13 @@ class Config:
     @property
     def name(self) -> str:
         return self.study.name
+
+    @property
+    def sampled_names(self) -> list[str]:
+        """Names a trial's params may hold: the search space's, or (define-by-run) every
+        hyperparameter of the trial that is not fixed."""
+        names = self.study.search_space or self.trial_module.HYPERPARAMETERS
+        return [name for name in names if name not in self.study.fixed]
 
     def hyperparameters(self, params: dict[str, Any]) -> dict[str, Any]:
         """What the trial sees: its defaults, overridden by fixed values and sampled params."""
@@ -358,6 +375,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         raise _translate(origin, errors[0], raw) from None
     _check_storage(origin, study.storage, raw.get("storage"))
+    space.check(origin, study)
     module = _load_trial_module(origin, study)
     config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
     credentials.remember(config.storage, credentials.used_in(raw.get("storage"), used))
@@ -486,16 +504,25 @@ def _load_trial_module(file: str, study: StudyFile) -> Any:
 
 def _check_names(file: str, study: StudyFile, module: Any) -> None:
     known = list(module.HYPERPARAMETERS)
-    for section, names in (("search_space", study.search_space), ("fixed", study.fixed)):
+    if study.search_space is None and not callable(getattr(module, "search_space", None)):
+        raise ConfigError(file, "search_space", f"is required (or define search_space(trial) in {study.trial}: "
+                          "Optuna's define-by-run API)")
+    enqueued = {name for entry in study.enqueue for name in entry} if study.search_space is None else set()
+    for section, names in (("search_space", study.search_space or {}), ("fixed", study.fixed),
+                           ("enqueue", enqueued)):
         for name in names:
             if name not in known:
                 hint = difflib.get_close_matches(name, known, n=1)
                 extra = f" (did you mean {hint[0]!r}?)" if hint else f" (it understands: {', '.join(known)})"
                 raise ConfigError(file, f"{section}.{name}", f"not a hyperparameter of {study.trial}{extra}")
-    for name in study.search_space:
+    for name in [*(study.search_space or {}), *enqueued]:
         if name in study.fixed:
             raise ConfigError(file, f"fixed.{name}", "is also in search_space; a name is either sampled or fixed")
     metrics = list(module.METRICS)
     if study.objective.metric not in metrics:
         raise ConfigError(file, "objective.metric", f"must be a metric of {study.trial} (one of {', '.join(metrics)})",
                           study.objective.metric)
+    for i, c in enumerate(study.constraints):
+        if c.metric not in metrics:
+            raise ConfigError(file, f"constraints.{i}.metric", f"must be a metric of {study.trial} (one of "
+                              f"{', '.join(metrics)})", c.metric)

@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import retention, trial_code
 from sweep.best import best_state
 from sweep.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, train_loss_at
+from sweep.constraints import feasible
 from sweep.errors import CheckpointsRemoved, SweepError
 from sweep.export_format import flatten
 from sweep.session import Session
@@ -109,7 +110,9 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
             f" (the disk budget removed the checkpoints of trials {sorted(skipped)})" if skipped else ""))
     direction, metric = config.study.objective.direction, config.study.objective.metric
     sign = config.study.objective.sign
-    trials = sorted(trials, key=lambda t: (sign * best_step(t, direction)[1], t.number))
+    # Best first; with constraints, every feasible trial before the infeasible ones.
+    trials = sorted(trials, key=lambda t: (feasible(t) is False, sign * best_step(t, direction)[1],
+                                           t.number))
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for t in trials:
@@ -124,6 +127,7 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  "best_step": step, "best_value": value,
                  "last_step": t.user_attrs.get(LAST_STEP, max(t.intermediate_values, default=step)),
                  "metrics": metrics_at(t, step, metric) or {metric: value},
+                 **({"feasible": feasible(t)} if config.study.constraints else {}),
                  "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
                  "collections": sorted(variables),  # model state beside the params, in state.safetensors
                  # a trial of a companion study: the trial `continue` trained further

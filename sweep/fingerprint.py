@@ -27,7 +27,7 @@ CODE_ATTR = "sweep:trial_code"  # study user attribute: code() of the trial modu
 # under a started study"); the pruner is one: it decides when to stop a trial, not what it computes.
 STEERING = ("n_trials", "timeout", "parallel", "checkpoint", "max_retries", "pruner", "storage_retry_seconds",
             "data_timeout_seconds")
-_ABSENT = object()
+_ABSENT = ABSENT = object()  # a key one side lacks
 
 
 def meaning(config: Config) -> dict[str, Any]:
@@ -40,9 +40,15 @@ def meaning(config: Config) -> dict[str, Any]:
     out: dict[str, Any] = {"trial": study["trial"]}
     for section in ("objective", "sampler", "train"):
         out.update({f"{section}.{k}": v for k, v in study[section].items()})
-    # `values` only where given: fingerprints stored before it existed stay equal.
-    out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n == "values" and x is None)}
-                for k, v in study["search_space"].items()})
+    # `values` and `when` only where given: fingerprints stored before they existed stay equal.
+    if study["search_space"] is None:  # define-by-run: the function's source defines the space
+        out["search_space"] = define_by_run(config)
+    out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n in ("values", "when") and x is None)}
+                for k, v in (study["search_space"] or {}).items()})
+    if study["enqueue"]:  # the first trials' params
+        out["enqueue"] = study["enqueue"]
+    if study["constraints"]:  # they steer the sampler and decide which trial is best
+        out["constraints"] = study["constraints"]
     out.update({f"fixed.{k}": v for k, v in study["fixed"].items()})
     return out
 
@@ -103,6 +109,17 @@ def code(config: Config) -> dict[str, Any]:
             "files": own["files"]}
 
 
+def define_by_run(config: Config) -> dict[str, str]:
+    """The trial module's search_space(trial): its name and the sha256 of its source."""
+    fn = config.trial_module.search_space
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = repr(getattr(fn, "__code__", fn))
+    return {"function": f"{config.trial_module.__name__}.search_space",
+            "sha256": hashlib.sha256(source.encode()).hexdigest()}
+
+
 def code_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     if old and old.get("code_sha256"):  # recorded with the modules the trial module imports
         return old["code_sha256"] != new["code_sha256"]
@@ -110,7 +127,7 @@ def code_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
 
 
 def _order(key: str) -> tuple[int, str]:
-    sections = ("trial", "search_space", "fixed", "train", "objective", "sampler")
+    sections = ("trial", "search_space", "enqueue", "fixed", "train", "objective", "constraints", "sampler")
     return sections.index(key.split(".")[0]) if key.split(".")[0] in sections else len(sections), key
 
 

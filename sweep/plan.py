@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 from typing import Any
 
-from sweep import fingerprint, retention, trial_code
+from sweep import enqueue, fingerprint, retention, space, trial_code
 from sweep.record import checkpoint_folder
 from sweep.cadence import describe
 from sweep.checkpoints import newest_step
@@ -28,13 +29,16 @@ class Plan:
     finished: dict[int, str]  # number -> COMPLETE / PRUNED / FAIL: skipped
     resume: dict[int, int | None]  # number -> newest checkpoint step (None: from step 0)
     live: list[int]  # RUNNING with a live worker elsewhere: left to it
-    new: int  # trials `run` would ask Optuna for
+    new: int  # trials `run` would ask Optuna for (sampled or from the file's enqueue)
     first_new: int  # the number the first new trial gets
     refused: list[tuple[str, Any, Any]]  # changed trial-defining keys: `run` exits 2
     code: dict[str, Any]  # the trial module's fingerprint now
     stored_code: dict[str, Any] | None  # ... and when the study ran last
     # what the disk budget (keep_trials, max_disk) removes as `run` starts (sweep/retention.py)
     removals: list[retention.Removal] = dataclasses.field(default_factory=list)
+    waiting: list[int] = dataclasses.field(default_factory=list)  # WAITING (enqueued): run first
+    entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of `new`: the file's
+    # `enqueue` entries still to run, in order (they go first)
 
     @property
     def code_changed(self) -> bool:
@@ -42,7 +46,11 @@ class Plan:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.resume or self.new)
+        return bool(self.resume or self.new or self.waiting)
+
+    @property
+    def enqueued(self) -> int:
+        return len(self.entries)
 
 
 def make(session: Session) -> Plan:
@@ -50,7 +58,8 @@ def make(session: Session) -> Plan:
     config = session.config
     code = fingerprint.code(config)
     if not session.open_existing():
-        return Plan(False, {}, {}, [], config.study.n_trials, 0, [], code, None)
+        n = config.study.n_trials
+        return Plan(False, {}, {}, [], n, 0, [], code, None, entries=enqueue.pending(session)[:n])
     # States in one narrow query; whole trials (for their checkpoint folders) only of the running
     # ones: loading every trial costs seconds in a study of thousands, at every start of `run`.
     states = session.trial_states()
@@ -63,12 +72,15 @@ def make(session: Session) -> Plan:
         finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},
         resume={t.number: _newest(config, t, remote) for t in running if t.number not in live},
         live=sorted(live),
-        new=max(0, config.study.n_trials - len(states)),
+        # WAITING trials run first and then count: new ones fill up to n_trials after them.
+        new=(new := max(0, config.study.n_trials - enqueue.counted(states) - len(enqueue.waiting(states)))),
         first_new=max(states, default=-1) + 1,
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),
         removals=retention.planned(session),
+        waiting=enqueue.waiting(states),
+        entries=enqueue.pending(session)[:new],
     )
 
 
@@ -98,11 +110,11 @@ def code_warning(plan: Plan) -> str:
 def text(config: Config, plan: Plan) -> str:
     """The plan as `python -m sweep plan` prints it: a line per decision, each a sentence."""
     head = f"study {config.name} ({mask_url(config.storage)})"
-    sampled = f"sampled by {config.study.sampler.type}"
     notes = [f"  note:    {note}" for _, note in sampler_notes(config)] if plan.new else []
     if not plan.exists:
-        return "\n".join([f"{head}: not created yet", f"  new:     {numbered('trial', range(plan.new))}, {sampled}",
-                          *notes, f"  saves:   {describe(config.study.checkpoint)}",
+        return "\n".join([f"{head}: not created yet",
+                          f"  new:     {numbered('trial', range(plan.new))}, {_how(config, plan)}",
+                          *_space_lines(config, plan), *notes, f"  saves:   {describe(config.study.checkpoint)}",
                           f"run would create the study and train {count(plan.new, 'trial')}"])
     if plan.refused:
         return (f"{head}: run would REFUSE this study file (exit 2): keys that define what its trials mean "
@@ -117,8 +129,13 @@ def text(config: Config, plan: Plan) -> str:
     if plan.live:
         them = "it" if len(plan.live) == 1 else "them"
         lines.append(f"  running: {numbered('trial', plan.live)} (a live worker has {them}; left to it)")
+    if plan.waiting:
+        they = "it runs" if len(plan.waiting) == 1 else "they run"
+        lines.append(f"  waiting: {numbered('trial', plan.waiting)}, enqueued: {they} first, whatever n_trials says")
     if plan.new:
-        lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, {sampled}")
+        lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, "
+                     f"{_how(config, plan)}")
+        lines += _space_lines(config, plan)
     lines += [f"  remove:  {removal_text(r)}" for r in plan.removals]
     if plan.code_changed:
         lines.append(f"  warning: {code_warning(plan)}")
@@ -140,7 +157,8 @@ def removal_text(r: retention.Removal) -> str:
 def _verdict(plan: Plan) -> str:
     """What `run` would do, after 'run would'."""
     work = [part for part in (f"resume {count(len(plan.resume), 'trial')}" if plan.resume else "",
-                              f"start {count(plan.new, 'new trial')}" if plan.new else "") if part]
+                              f"start {count(plan.new + len(plan.waiting), 'new trial')}"
+                              if plan.new or plan.waiting else "") if part]
     removes = ""
     if plan.removals:
         whole = [r for r in plan.removals if r.kind == "trial"]
@@ -155,3 +173,25 @@ def _verdict(plan: Plan) -> str:
     if removes:
         return f"{removes} and train nothing: the study is finished (raise n_trials to add trials)"
     return "do nothing: the study is finished (raise n_trials to add trials)"
+
+
+def _how(config: Config, plan: Plan) -> str:
+    sampled = f"sampled by {config.study.sampler.type}"
+    if not plan.enqueued:
+        return sampled
+    rest = f", the rest {sampled}" if plan.new > plan.enqueued else ""
+    return f"the first {plan.enqueued} from the file's enqueue, in order{rest}"
+
+
+def _space_lines(config: Config, plan: Plan) -> list[str]:
+    """The file's enqueue entries still to run, and the conditional parameters (plan's lines)."""
+    lines = [f"  enqueue: {json.dumps(entry)}" for entry in plan.entries]
+    search_space = config.study.search_space
+    if search_space is None:
+        return [*lines, f"  space:   define-by-run, {config.study.trial}.search_space(trial)"]
+    for name in space.order(search_space):
+        if space.conditions(search_space[name]):
+            when = " and ".join(f"{parent} in {json.dumps(allowed)}"
+                                for parent, allowed in space.conditions(search_space[name]).items())
+            lines.append(f"  when:    {name} is sampled only when {when}")
+    return lines

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from sweep import compiled, stream
+from sweep import compiled, space, stream
 from sweep.config import CategoricalParam, Config
 from sweep.errors import ConfigError
 from sweep.state import data_seed, initial_state, run_hyperparameters
@@ -22,9 +22,34 @@ from sweep.trial_guard import DataTimeout, TrialExit, exit_message, guarded
 
 
 def first_point(search_space: Mapping[str, Any]) -> dict[str, Any]:
-    """Each parameter's low end (numbers) or first choice or value (categoricals, value lists)."""
-    return {name: p.choices[0] if isinstance(p, CategoricalParam) else p.values[0] if p.values is not None else p.low
-            for name, p in search_space.items()}
+    """Each parameter's low end (numbers) or first choice or value (categoricals, value lists),
+    of the parameters active at that point (sweep/space.py)."""
+    point = {name: p.choices[0] if isinstance(p, CategoricalParam) else p.values[0] if p.values is not None else p.low
+             for name, p in search_space.items()}
+    return space.active(search_space, point)
+
+
+def define_by_run_point(config: Config) -> dict[str, Any]:
+    """The params the trial module's search_space(trial) gives a trial of a throwaway in-memory
+    study (nothing stored); each name must be a hyperparameter of the trial, and not fixed."""
+    import optuna
+
+    from sweep.samplers import suggest_all
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory"
+    try:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    with _Blame(config, "search_space", {}):
+        params = suggest_all(config, study.ask())
+    for name in params:
+        if name not in config.sampled_names:
+            rule = "is fixed in the study file" if name in config.study.fixed else "is not one of its HYPERPARAMETERS"
+            raise ConfigError(str(config.path), "trial", f"{config.study.trial}.search_space suggests {name!r}, which "
+                              f"{rule}")
+    return params
 
 
 def check(config: Config) -> None:
@@ -40,13 +65,13 @@ def check(config: Config) -> None:
 
 def _check(config: Config) -> None:
     module, study = config.trial_module, config.study
-    params = first_point(study.search_space)
+    params = first_point(study.search_space) if study.search_space is not None else define_by_run_point(config)
     hp = config.hyperparameters(params)
     with _Blame(config, "init", params):
         fresh = initial_state(config, 0, hp, abstract=True)
     state, data = fresh.state, fresh.data
     run_hp = run_hyperparameters(config, hp)
-    fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), study.train.devices,
+    fns = compiled.Functions(module, run_hp, compiled.traced_names(config.sampled_names, hp), study.train.devices,
                              kind=fresh.kind)
     model_state = state.get("model_state", {})
     window_data, eval_data = data, data

@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import integrity
 from sweep.words import size as size_text
+from sweep.constraints import feasible
 from sweep.errors import CheckpointsRemoved, DiskFault
 from sweep.record import BEST_STEP, checkpoint_folder
 
@@ -194,10 +195,11 @@ def _leftovers(root: Path) -> None:
 
 
 def _ranked(session: Any, finished: list[FrozenTrial]) -> list[FrozenTrial]:
-    """The COMPLETE trials, best first (ties: lower number first)."""
+    """The COMPLETE trials, best first (ties: lower number first); with constraints, the feasible
+    ones before the infeasible ones (which are never best)."""
     sign = session.config.study.objective.sign
     complete = [t for t in finished if t.state == TrialState.COMPLETE and t.value is not None]
-    return sorted(complete, key=lambda t: (sign * t.value, t.number))
+    return sorted(complete, key=lambda t: (feasible(t) is False, sign * t.value, t.number))
 
 
 @dataclasses.dataclass(frozen=True)

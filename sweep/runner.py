@@ -148,7 +148,7 @@ def run_trial(
             batches = Batches(open_iterator(module, run_hp, data_seed(config, seed_number), saved), step, total,
                               place)
         val = module.val_batches(run_hp) if validation_streamed(module) else None
-        fns = compiled.Functions(module, run_hp, compiled.traced_names(study.search_space, hp), devices,
+        fns = compiled.Functions(module, run_hp, compiled.traced_names(config.sampled_names, hp), devices,
                                  kind=fresh.kind)
         if devices > 1:
             leaf = jax.tree.leaves(state["params"])[0]

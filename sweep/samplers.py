@@ -8,20 +8,29 @@ import inspect
 import itertools
 import logging
 import math
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import optuna
 from optuna.samplers import BaseSampler
 
 from sweep.config import PRUNER_CLASSES, SAMPLER_CLASSES, CategoricalParam, Config, FloatParam, IntParam
+from sweep import space
 from sweep.errors import ConfigError
 from sweep.words import count
 
 
 def suggest_all(config: Config, trial: optuna.Trial) -> dict[str, Any]:
-    """Sample (or, for an adopted trial, read back) every param, in file order."""
+    """Sample (or, for an adopted trial, read back) every active param, parents before the
+    parameters their conditions guard, else in file order (sweep/space.py)."""
+    if config.study.search_space is None:  # define-by-run: the trial module's own suggests
+        returned = config.trial_module.search_space(trial)
+        # A returned mapping adds derived values (recomputed alike for an adopted trial).
+        return {**trial.params, **(dict(returned) if isinstance(returned, Mapping) else {})}
     params: dict[str, Any] = {}
-    for name, p in config.study.search_space.items():
+    for name in space.order(config.study.search_space):
+        p = config.study.search_space[name]
+        if not space.is_active(config.study.search_space, name, params):
+            continue  # absent from the trial's params: the trial's default applies
         if isinstance(p, CategoricalParam) or p.values is not None:
             params[name] = trial.suggest_categorical(name, p.choices if isinstance(p, CategoricalParam) else p.values)
         elif isinstance(p, FloatParam):
@@ -33,6 +42,9 @@ def suggest_all(config: Config, trial: optuna.Trial) -> dict[str, Any]:
 
 def _grid(config: Config) -> dict[str, list[Any]]:
     grid: dict[str, list[Any]] = {}
+    if config.study.search_space is None:
+        raise ConfigError(str(config.path), "sampler.type", "grid needs search_space in the study file (the grid "
+                          f"of a define-by-run {config.study.trial}.search_space is not known before it runs)", "grid")
     for name, p in config.study.search_space.items():
         if isinstance(p, CategoricalParam):
             grid[name] = list(p.choices)
@@ -104,12 +116,59 @@ def _construct(kind: str, classes: dict[str, str], type_name: str, kwargs: dict[
             extra = (f" (did you mean {hint[0]!r}?)" if hint else
                      f" (accepted: {', '.join(accepted)})" if accepted else " (it takes no arguments)")
             raise ConfigError(file, f"{kind}.{key}", f"not an argument of optuna.{kind}s.{cls.__name__}{extra}")
+    for key, value in kwargs.items():
+        problem = _argument_problem(value, inspect.signature(cls).parameters[key].annotation)
+        if problem:
+            raise ConfigError(file, f"{kind}.{key}", f"optuna.{kind}s.{cls.__name__} takes {problem}", value)
     try:
         return cls(**kwargs, **internal)
     except ImportError as exc:
         raise ConfigError(file, f"{kind}.type", f"needs a package that is not installed ({exc})", type_name) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(file, kind, f"optuna.{kind}s.{cls.__name__} rejects its arguments: {exc}", kwargs) from None
+
+
+# Annotation words of arguments that take Python objects (a function, a sampler, trials): a YAML
+# value is never one (TPESampler(constraints_func="mod:fn") is accepted, then fails in every
+# after_trial with "'str' object is not callable").
+_OBJECT_WORDS = ("Callable", "Sampler", "FrozenTrial", "ndarray")
+_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "None": lambda v: v is None,
+}
+
+
+def _argument_problem(value: Any, annotation: Any) -> str | None:
+    """Why `value` (from YAML) cannot be an argument annotated `annotation`; None if it can (or if
+    the annotation says too little to tell: Optuna's constructor checks the rest)."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    if annotation is inspect.Parameter.empty:
+        return None
+    parts = [part.strip() for part in text.split("|")]
+    if any(_SCALARS[part](value) for part in parts if part in _SCALARS):
+        return None
+    if value is not None and any(word in text for word in _OBJECT_WORDS):
+        return (f"a Python object here ({text}), which a study file cannot give: a string is never called or "
+                "imported; leave the key out")
+    if all(part in _SCALARS for part in parts):
+        return f"{' or '.join(parts)} here"
+    return None
+
+
+def unusable_argument(config: Config, key: str, value: Any) -> bool:
+    """Whether `key` (`sampler.<arg>` / `pruner.<arg>`, as a study stored it) with `value` can never
+    work for this file's sampler/pruner (a string for a function). A study that stored one may drop
+    it without a refusal: the trials it defined never used it (docs/search.md)."""
+    kind, _, arg = key.partition(".")
+    if kind not in ("sampler", "pruner") or arg in ("type", "seed"):
+        return False
+    section = config.study.sampler if kind == "sampler" else config.study.pruner
+    classes, module = (SAMPLER_CLASSES, optuna.samplers) if kind == "sampler" else (PRUNER_CLASSES, optuna.pruners)
+    signature = inspect.signature(getattr(module, classes[section.type])).parameters
+    return arg in signature and _argument_problem(value, signature[arg].annotation) is not None
 
 
 def build_sampler(config: Config) -> BaseSampler:

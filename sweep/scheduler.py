@@ -13,6 +13,7 @@ import jax
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import constraints, enqueue
 from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
@@ -94,9 +95,14 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
             if session.trial(t.number).state == TrialState.RUNNING:
                 return Claimed(t.number, adopted=True)
             claims.release(claims.key(t.number))
-    if len(session.trial_states()) >= config.study.n_trials or _past(deadline):
+    if _past(deadline):
         return None
-    trial = session.ask()
+    states = session.trial_states()
+    trial = enqueue.ask(session, states)  # enqueued trials first, each exactly once
+    if trial is None:
+        if enqueue.counted(states) >= config.study.n_trials:
+            return None
+        trial = session.ask()
     claims.try_take(claims.key(trial.number))
     trial.set_user_attr(CHECKPOINT_DIR, str(config.checkpoint_dir(trial.number)))
     trial.set_user_attr(RESUMES_ATTR, 0)
@@ -252,6 +258,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             for name, value in ((BEST_STEP, outcome.best_step), (BEST_VALUE, outcome.best_value),
                                 (LAST_STEP, outcome.last_step), (METRICS, best_metrics)):
                 trial.set_user_attr(name, value)
+            _set_constraints(session, trial, best_metrics)
             ckpt.wait()
             return outcome
         except Interrupted:
@@ -281,6 +288,16 @@ def _warn_leftover_threads(number: int, before: set[threading.Thread]) -> None:
     if left:
         log.warning("trial %d: its code left %d thread(s) running (%s); the run does not wait for them at exit",
                     number, len(left), ", ".join(left[:5]))
+
+
+def _set_constraints(session: Session, trial: optuna.Trial, metrics: dict[str, Any]) -> None:
+    """Before the tell: the trial's constraint values, where the sampler and readers find them.
+    Optuna keeps the first value of a key (a resumed trial's are the same: bit-identical)."""
+    study = session.config.study
+    recorded = session.trial(trial.number).constraints
+    for key, value in zip(constraints.keys(study.constraints), constraints.values(study.constraints, metrics)):
+        if key not in recorded:
+            trial.set_constraint(key, value)
 
 
 def _after_finish(session: Session) -> None:

@@ -63,6 +63,7 @@ class Session:
         # Trials this process told finished: their claims are released, and an upload still
         # queued for one of them may find no holder (but not another worker's claim).
         self.finished_here: set[int] = set()
+        self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (sweep/enqueue.py)
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -170,7 +171,14 @@ class Session:
         return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
 
     def best_trial(self) -> FrozenTrial | None:
-        """The best COMPLETE trial, read alone; None if there is none."""
+        """The best COMPLETE trial, read alone (with constraints: the best feasible one); None if
+        there is none."""
+        if self.config.study.constraints:
+            from sweep.constraints import feasible
+
+            found = [t for t in self.trials((TrialState.COMPLETE,)) if feasible(t)]
+            sign = self.config.study.objective.sign
+            return min(found, key=lambda t: (sign * t.value, t.number), default=None)
         try:
             return self.storage.get_best_trial(self.study_id)
         except ValueError:
@@ -210,8 +218,12 @@ class Session:
     def meaning_changes(self) -> list[tuple[str, Any, Any]]:
         """How the study file's trial-defining keys differ from the ones the study was started
         with ([] for a study started before sweep recorded them)."""
+        from sweep.samplers import unusable_argument
+
         stored = self.storage.get_study_user_attrs(self.study_id).get(fingerprint.STUDY_ATTR)
-        return fingerprint.changes(stored, fingerprint.meaning(self.config)) if stored is not None else []
+        found = fingerprint.changes(stored, fingerprint.meaning(self.config)) if stored is not None else []
+        # The way out of an argument that never worked (constraints_func: "mod:fn"): drop it.
+        return [c for c in found if not (c[2] is fingerprint.ABSENT and unusable_argument(self.config, c[0], c[1]))]
 
     def check_unchanged(self) -> None:
         """Raise the exit-2 refusal if the study file changed keys that define what trials mean."""

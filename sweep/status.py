@@ -14,6 +14,7 @@ from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, 
 from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.config import sign
+from sweep.constraints import feasible
 from sweep.credentials import mask_url
 from sweep.ledger import RESUMES_ATTR, study_total, summary_line
 from sweep.session import Session
@@ -29,6 +30,9 @@ def collect(session: Session) -> dict[str, Any]:
     removed = retention.removed(session)
     entries = [_entry(t, live, direction, folders[t.number], config.study.objective.metric,
                       removed.get(t.number)) for t in trials]
+    if config.study.constraints:  # whether it met them (never best when not); null before it finished
+        for entry, t in zip(entries, trials):
+            entry["feasible"] = feasible(t)
     if session.remote is not None:  # the newest step each trial has in the bucket
         remote = session.remote_steps(t.number for t in trials) or {}
         for entry in entries:
@@ -92,7 +96,8 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
 
 def table(status: dict[str, Any], highlight: bool = False) -> str:
     """A fixed-width table, sorted by number, with the best trial marked by '*' (and bold if `highlight`)."""
-    complete = [t for t in status["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
+    complete = [t for t in status["trials"] if t["state"] == "COMPLETE" and t["value"] is not None
+                and t.get("feasible") is not False]  # an infeasible trial is never best
     best = min(complete, key=lambda t: sign(status["direction"]) * t["value"])["number"] if complete else None
     names = sorted({k for t in status["trials"] for k in t["params"]})
     # The other metrics at the best step (the objective's column is best_value).

@@ -30,7 +30,9 @@ def text(session: Session) -> str:
         lines.append(summary_line(ledger))
     best = session.best_trial()
     if best is None:
-        lines.append(no_complete_trial(session) or "no trial completed yet")
+        complete = TrialState.COMPLETE in session.trial_states().values()
+        infeasible = "no feasible trial: every COMPLETE trial breaks a constraint (status: feasible)"
+        lines.append(infeasible if complete else no_complete_trial(session) or "no trial completed yet")
         return "\n".join(lines)
     metric = config.study.objective.metric
     lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
