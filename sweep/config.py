@@ -19,8 +19,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
-from sweep import credentials, study_yaml
-from sweep import space
+from sweep import config_errors, credentials, space, study_yaml
 from sweep.constraints import Constraint
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
@@ -124,6 +123,7 @@ def _check_range(low: float, high: float, log: bool, step: float | None) -> None
 
 
 Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
+PARAM_MODELS = {"float": FloatParam, "int": IntParam, "categorical": CategoricalParam}  # by their `type` tag
 
 
 class Objective(_Model):
@@ -373,7 +373,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
     except ValidationError as exc:
         # A typo'd key also makes its intended key "missing": report the typo, the root cause.
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-        raise _translate(origin, errors[0], raw) from None
+        raise config_errors.translate(origin, errors[0], raw, StudyFile, PARAM_MODELS, NAME_PATTERN) from None
     _check_storage(origin, study.storage, raw.get("storage"))
     space.check(origin, study)
     module = _load_trial_module(origin, study)
@@ -386,89 +386,6 @@ def from_source(source: Source) -> Config:
     """Rebuild a config in another process (a worker): same keys, same values, same directory."""
     os.chdir(source.cwd)
     return from_dict(source.raw, source.origin, source.env)
-
-
-_TYPE_RULES = {
-    "int_type": "must be an integer",
-    "int_from_float": "must be an integer",
-    "float_type": "must be a number",
-    "string_type": "must be a string",
-    "bool_type": "must be true or false",
-    "dict_type": "must be a mapping",
-    "model_type": "must be a mapping",
-    "model_attributes_type": "must be a mapping",
-    "list_type": "must be a list",
-    "too_short": "must not be empty",
-    "missing": "is required",
-}
-
-
-def _translate(file: str, err: Any, raw: Any) -> ConfigError:
-    """One pydantic error -> `<file>: <key>: <rule>, got <value>`."""
-    # Discriminated unions put the tag in loc; drop it so keys read like the YAML.
-    loc = _strip_tags(list(err["loc"]))
-    key = ".".join(loc)
-    kind, value = err["type"], err.get("input", ...)
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(tuple(err["loc"]))
-        hint = difflib.get_close_matches(loc[-1], allowed, n=1)
-        rule = f"unknown key (did you mean {hint[0]!r}?)" if hint else f"unknown key (allowed: {', '.join(allowed)})"
-        return ConfigError(file, key, rule)
-    if kind == "missing":
-        return ConfigError(file, key, "is required")
-    if kind == "union_tag_invalid" or kind == "union_tag_not_found":
-        return ConfigError(file, key + ".type", "must be one of float, int, categorical", _lookup(raw, loc + ["type"]))
-    if kind == "literal_error":
-        return ConfigError(file, key, f"must be one of {err['ctx']['expected']}", value)
-    if kind == "string_pattern_mismatch":
-        rule = {"name": f"must be a plain name matching {NAME_PATTERN}",
-                "trial": "must be a dotted module name like trials.digits_mlp"}.get(key, "has an invalid form")
-        return ConfigError(file, key, rule, value)
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
-        bound = next(iter(err["ctx"].values()))
-        return ConfigError(file, key, f"must be {op} {bound:g}" if isinstance(bound, float) else f"must be {op} {bound}",
-                           value)
-    if kind == "value_error":
-        # Our own validators phrase the message as "<subkey>: <rule>, got <value>".
-        message = str(err["ctx"]["error"])
-        sub, _, rule = message.partition(": ")
-        return ConfigError(file, f"{key}.{sub}" if key else sub, rule)
-    return ConfigError(file, key, _TYPE_RULES.get(kind, err["msg"].lower()), value)
-
-
-def _strip_tags(loc: list[Any]) -> list[str]:
-    # pydantic inserts the union tag after the search_space entry name: search_space.lr.float.low
-    if len(loc) > 2 and loc[0] == "search_space" and loc[2] in ("float", "int", "categorical"):
-        loc = loc[:2] + loc[3:]
-    if loc and re.fullmatch(r"constrained-\w+|literal\[.*\]", str(loc[-1])):  # a member of `int | "auto"`
-        loc = loc[:-1]
-    return [str(part) for part in loc]
-
-
-def _lookup(raw: Any, loc: list[str]) -> Any:
-    for part in loc:
-        if isinstance(raw, dict):
-            raw = raw.get(part)
-        elif isinstance(raw, list) and part.isdigit() and int(part) < len(raw):
-            raw = raw[int(part)]
-        else:
-            return None
-    return raw
-
-
-def _allowed_keys(raw_loc: tuple[Any, ...]) -> list[str]:
-    """Keys allowed in the mapping holding the unknown key at `raw_loc` (pydantic's, with union tags)."""
-    params: dict[str, type[BaseModel]] = {"float": FloatParam, "int": IntParam, "categorical": CategoricalParam}
-    if raw_loc[0] == "search_space" and len(raw_loc) == 4:
-        return list(params[raw_loc[2]].model_fields)
-    model: Any = StudyFile
-    for part in raw_loc[:-1]:
-        annotation = getattr(model.model_fields.get(str(part)), "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        model = annotation
-    return list(model.model_fields)
 
 
 def _check_storage(file: str, url: str | None, text: Any) -> None:

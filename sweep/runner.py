@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Protocol
 import jax
 import numpy as np
 
-from sweep import compiled, slots
+from sweep import compile_events, compiled, slots
 from sweep.cadence import Cadence
 from sweep.record import best_of_reports
 from sweep.checkpoints import TrialCheckpoints, host_copy
@@ -109,7 +109,7 @@ def run_trial(
     study, module = config.study, config.trial_module
     metric = study.objective.metric
     total, eval_every = study.train.steps, study.train.eval_every
-    compiles_before = compiled.COMPILES.copy()
+    compiles_before = compile_events.COMPILES.copy()
     batches: Batches | None = None  # a streaming trial's training batches (sweep/stream.py)
     ledger = ledger or RunLedger(None)
     seed_number = number if seed_number is None else seed_number
@@ -253,7 +253,7 @@ def run_trial(
             batches.close()
         if on_step is not None:
             on_step(number, -1)
-        done = compiled.COMPILES - compiles_before
+        done = compile_events.COMPILES - compiles_before
         # Compiles happen inside the first window and evaluation: counted as compiling, not there.
         for part, fun in (("training", "window"), ("evaluating", "evaluate")):
             ledger.add(part, -min(done[f"seconds:{fun}"], ledger.parts[part]))
@@ -261,11 +261,11 @@ def run_trial(
         ledger.background = ckpt.written_seconds
         ledger.finish()
         if on_compiles is not None:
-            on_compiles({"compilations": compiled.compilations(done), "cache_hits": done["cache_hits"],
+            on_compiles({"compilations": compile_events.compilations(done), "cache_hits": done["cache_hits"],
                          "compile_seconds": round(done["compile_seconds"], 3)})
         log.debug("trial %d: %d XLA compilation(s) (window %d, evaluate %d; %.1f s), %d executable(s) from the "
-                  "persistent cache", number, compiled.compilations(done), compiled.compilations(done, "window"),
-                  compiled.compilations(done, "evaluate"), done["compile_seconds"], done["cache_hits"])
+                  "persistent cache", number, compile_events.compilations(done), compile_events.compilations(done, "window"),
+                  compile_events.compilations(done, "evaluate"), done["compile_seconds"], done["cache_hits"])
 
 
 def _decision_at(step: int, total: int, eval_every: int, cadence: Cadence, stop: StopSignal) -> bool:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib.util
 import inspect
 import itertools
 import logging
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial
 
 from sweep.config import PRUNER_CLASSES, SAMPLER_CLASSES, CategoricalParam, Config, FloatParam, IntParam
 from sweep import space
@@ -206,3 +211,75 @@ def check_config(config: Config) -> None:
                     if have[0].platform == "cpu" else "")
             raise ConfigError(str(config.path), "train.devices",
                               f"must be at most the {len(have)} {have[0].platform} device(s) JAX sees{hint}", devices)
+
+
+def _derived_seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+
+
+class RestartProofSampler(BaseSampler):
+    """Delegates to an Optuna sampler, reseeding it from (seed, trial number, param) before each draw.
+
+    Optuna samplers keep one RNG per process, so a trial's params would depend on how many draws this
+    process made before (restarts, adoption of a trial killed between two suggests). Optuna has no
+    per-trial seeding API, so we reseed every RandomState the sampler holds.
+    """
+
+    def __init__(self, inner: BaseSampler, seed: int) -> None:
+        self.inner, self.seed = inner, seed
+        self._states = list(random_states(inner))
+
+    def _reseed(self, number: int, name: str) -> None:
+        for i, state in enumerate(self._states):
+            state.seed(_derived_seed(self.seed, number, name, i))
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        self._reseed(trial.number, "<relative>")
+        return self.inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        self._reseed(trial.number, param_name)
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._reseed(trial.number, "<before>")
+        self.inner.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: Any, values: Sequence[float] | None) -> None:
+        try:
+            self.inner.after_trial(study, trial, state, values)
+        except RuntimeError as exc:
+            # GridSampler calls study.stop() once its grid is exhausted, which Optuna allows only
+            # inside study.optimize (no exception type of its own to catch); sweep ends the study
+            # by n_trials instead.
+            if "Study.stop" not in str(exc):
+                raise
+
+    def reseed_rng(self) -> None:
+        """Deliberately nothing: randomness comes from (seed, number, param) only."""
+
+
+def random_states(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterator[np.random.RandomState]:
+    """Every numpy RandomState an Optuna sampler holds, in a fixed order (its attributes, sorted).
+
+    Samplers keep them in private attributes, some wrapped in Optuna's private LazyRandomState
+    (created on first use): there is no public way to reach them.
+    """
+    from optuna.samplers._lazy_random_state import LazyRandomState
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 3:
+        return
+    seen.add(id(obj))
+    for _, value in sorted(vars(obj).items(), key=lambda kv: kv[0]) if hasattr(obj, "__dict__") else ():
+        if isinstance(value, LazyRandomState):
+            yield value.rng
+        elif isinstance(value, np.random.RandomState):
+            yield value
+        elif isinstance(value, BaseSampler):
+            yield from random_states(value, depth + 1, seen)

@@ -3,37 +3,27 @@
 A `Session` is built from a validated config. It alone opens the RDB storage, holds the Optuna
 study and its id, the claims, the checkpoint factory with the write budget, the progress sink
 and the compilation-cache folder; the scheduler, status, progress, export, plot, drill and best
-take the session. This is also the only module that touches Optuna internals (the way
-checkpoints.py is the only one that imports orbax); each touch says why.
+take the session. It, storage.py (opening the storage) and samplers.py (the restart-proof sampler) are the
+only modules that touch Optuna internals; each touch says why.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import fingerprint
 from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
-from sweep.credentials import mask_url
-from sweep.errors import StudyNotFound, SweepError
-from sweep.outage import Outages, retrying_storage_class
-from sweep.samplers import build_pruner, build_sampler
+from sweep.errors import StudyNotFound
+from sweep.storage import has_claims, initialised, load_study, open_storage, workdir_lock
 
-SQLITE_TIMEOUT_S = 60
 REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # never run again
 
@@ -81,7 +71,7 @@ class Session:
             if create:
                 with workdir_lock(config):
                     Claims.create_table(storage.engine)
-            study = _load_study(config, storage, create)
+            study = load_study(config, storage, create)
             study_id = storage.get_study_id_from_name(config.name)
         except BaseException:
             storage.engine.dispose()
@@ -93,7 +83,7 @@ class Session:
 
     def open_existing(self) -> bool:
         """Open the study if it exists, creating nothing; False if it does not (yet)."""
-        if not _initialised(self.config):
+        if not initialised(self.config):
             return False
         try:
             self.open(create=False)
@@ -187,7 +177,7 @@ class Session:
     def live_numbers(self, trials: Sequence[FrozenTrial]) -> set[int]:
         """Numbers of the RUNNING trials among `trials` whose worker is alive (claims)."""
         running = [t for t in trials if t.state == TrialState.RUNNING]
-        if not running or not _has_claims(self.storage.engine):  # a study not run by sweep
+        if not running or not has_claims(self.storage.engine):  # a study not run by sweep
             return set()
         live = self.claims.live_numbers(t.number for t in running)
         # Claims of workers of the previous release were keyed by Optuna's internal trial id: a
@@ -343,233 +333,6 @@ class Session:
         return self.config.cache_dir
 
     def use_compilation_cache(self) -> None:
-        from sweep.compiled import use_compilation_cache
+        from sweep.compile_events import use_compilation_cache
 
         use_compilation_cache(self.cache_dir)
-
-
-def _has_claims(engine: Any) -> bool:
-    import sqlalchemy as sa
-
-    return sa.inspect(engine).has_table("sweep_claims")
-
-
-# --- storage -------------------------------------------------------------------------------------
-
-
-def storage_kwargs(url: str) -> dict[str, Any]:
-    if url.startswith("sqlite"):
-        # Several processes and a reader (status, optuna-dashboard) share the file: wait for locks.
-        return {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
-    if url.startswith("postgresql"):
-        # A frozen worker (SIGSTOP, a paused VM) must not hold a transaction, and with it every row
-        # lock other workers wait for, forever: the server ends such a session after a minute, and
-        # a statement waiting for a lock gives up after LOCK_TIMEOUT (then it is retried like an
-        # outage, see sweep/outage.py).
-        return {"pool_pre_ping": True,
-                "connect_args": {"options": f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_MS} "
-                                            f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"}}
-    return {"pool_pre_ping": True}
-
-
-PG_IDLE_IN_TRANSACTION_MS = 60_000
-PG_LOCK_TIMEOUT_MS = 30_000
-
-
-@contextlib.contextmanager
-def workdir_lock(config: Config, create: bool = True) -> Iterator[None]:
-    """Serialise opening the study's storage. Optuna 5 races on its schema creation, and even a
-    reader's RDBStorage(skip_table_creation=True) stamps Optuna's alembic_version table when it
-    finds none, racing with the creator's own stamp; so creators and readers take it. A reader
-    (`create` false) creates nothing: no lock file, no lock in a folder it may not write."""
-    if create:
-        config.workdir.mkdir(parents=True, exist_ok=True)
-        fh = open(config.lock_path, "a")
-    else:
-        try:
-            fh = open(config.lock_path, "r")
-        except OSError:
-            yield
-            return
-    with fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _initialised(config: Config) -> bool:
-    """Whether the study's storage holds Optuna's schema, completely: a reader must not open one
-    that a creator is setting up right now, since RDBStorage would create or stamp the missing
-    parts itself, racing with it (PostgreSQL: a unique violation on Optuna's types for one of
-    them). The schema's last steps are the version row and Alembic's stamp.
-
-    Raises:
-        SweepError: the storage cannot be reached.
-    """
-    import sqlalchemy as sa
-
-    url = config.storage
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
-        return False  # connecting would create the file
-    try:
-        engine = sa.create_engine(url, **storage_kwargs(url))
-    except Exception as exc:  # a missing driver, a malformed URL
-        raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
-    try:
-        with engine.connect() as conn:
-            tables = sa.inspect(conn).get_table_names()
-            if "version_info" not in tables or "alembic_version" not in tables:
-                return False
-            return conn.exec_driver_sql("SELECT COUNT(*) FROM alembic_version").scalar() > 0
-    except sa.exc.SQLAlchemyError as exc:
-        raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
-    finally:
-        engine.dispose()
-
-
-def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
-    """Open the study's RDB storage, creating it (once, serialised) if `create`.
-
-    SQLite gets WAL once at creation, so readers (status, optuna-dashboard) never block writers.
-    A failed open leaves no workdir behind that it created.
-    """
-    url = config.storage
-    sqlite_path = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
-    if sqlite_path is not None and not sqlite_path.exists() and not create:
-        raise StudyNotFound(f"study {config.name!r} not found: no database at {sqlite_path}; run it first")
-    had_workdir = config.workdir.exists()
-    try:
-        with workdir_lock(config, create):
-            if sqlite_path is not None:
-                sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-            storage = _rdb_storage(url, config.study.storage_retry_seconds)
-            if sqlite_path is not None and create:
-                with storage.engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-            return storage
-    except SweepError:
-        if create and not had_workdir:
-            shutil.rmtree(config.workdir, ignore_errors=True)
-        raise
-
-
-# Another process (optuna-dashboard, `optuna.load_study`, a worker on another host) may be creating
-# Optuna's schema in the same database at the same moment: its tables, types, version row and
-# Alembic stamp. The loser of that race gets a unique-key error; opening again finds it complete.
-_CREATION_RACE = ("UNIQUE constraint failed", "already exists", "duplicate key", "UniqueViolation",
-                  "IntegrityError")
-OPEN_ATTEMPTS = 8
-
-
-_RetryingRDBStorage = retrying_storage_class(optuna.storages.RDBStorage)
-
-
-def _rdb_storage(url: str, retry_seconds: float) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage whose calls ride out a database outage of up to `retry_seconds`."""
-    for attempt in range(OPEN_ATTEMPTS):
-        try:
-            storage = _RetryingRDBStorage(url, engine_kwargs=storage_kwargs(url))
-            storage.outages = Outages(retry_seconds)
-            return storage
-        except Exception as exc:  # bad host, bad password, missing driver ... or the race above
-            if attempt + 1 < OPEN_ATTEMPTS and any(m in f"{type(exc).__name__}: {exc}" for m in _CREATION_RACE):
-                time.sleep(0.05 * 2 ** attempt)
-                continue
-            raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
-    raise AssertionError("unreachable")
-
-
-def _load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool) -> optuna.Study:
-    direction = config.study.objective.direction
-    sampler = RestartProofSampler(build_sampler(config), config.study.sampler.seed)
-    try:
-        study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler,
-                                  pruner=build_pruner(config))
-    except KeyError:
-        if not create:
-            raise StudyNotFound(f"study {config.name!r} does not exist in {mask_url(config.storage)}; "
-                                "run it first") from None
-        with workdir_lock(config):
-            study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
-                                        pruner=build_pruner(config), direction=direction, load_if_exists=True)
-    if study.direction.name.lower() != direction:
-        raise SweepError(f"study {config.name!r} in {mask_url(config.storage)} was created with direction "
-                         f"{study.direction.name.lower()}, but {config.path} says {direction}")
-    return study
-
-
-# --- restart-proof sampling ----------------------------------------------------------------------
-
-
-def _derived_seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
-
-
-class RestartProofSampler(BaseSampler):
-    """Delegates to an Optuna sampler, reseeding it from (seed, trial number, param) before each draw.
-
-    Optuna samplers keep one RNG per process, so a trial's params would depend on how many draws this
-    process made before (restarts, adoption of a trial killed between two suggests). Optuna has no
-    per-trial seeding API, so we reseed every RandomState the sampler holds.
-    """
-
-    def __init__(self, inner: BaseSampler, seed: int) -> None:
-        self.inner, self.seed = inner, seed
-        self._states = list(random_states(inner))
-
-    def _reseed(self, number: int, name: str) -> None:
-        for i, state in enumerate(self._states):
-            state.seed(_derived_seed(self.seed, number, name, i))
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self.inner.infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        self._reseed(trial.number, "<relative>")
-        return self.inner.sample_relative(study, trial, search_space)
-
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
-        self._reseed(trial.number, param_name)
-        return self.inner.sample_independent(study, trial, param_name, param_distribution)
-
-    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self._reseed(trial.number, "<before>")
-        self.inner.before_trial(study, trial)
-
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: Any, values: Sequence[float] | None) -> None:
-        try:
-            self.inner.after_trial(study, trial, state, values)
-        except RuntimeError as exc:
-            # GridSampler calls study.stop() once its grid is exhausted, which Optuna allows only
-            # inside study.optimize (no exception type of its own to catch); sweep ends the study
-            # by n_trials instead.
-            if "Study.stop" not in str(exc):
-                raise
-
-    def reseed_rng(self) -> None:
-        """Deliberately nothing: randomness comes from (seed, number, param) only."""
-
-
-def random_states(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterator[np.random.RandomState]:
-    """Every numpy RandomState an Optuna sampler holds, in a fixed order (its attributes, sorted).
-
-    Samplers keep them in private attributes, some wrapped in Optuna's private LazyRandomState
-    (created on first use): there is no public way to reach them.
-    """
-    from optuna.samplers._lazy_random_state import LazyRandomState
-
-    seen = set() if seen is None else seen
-    if id(obj) in seen or depth > 3:
-        return
-    seen.add(id(obj))
-    for _, value in sorted(vars(obj).items(), key=lambda kv: kv[0]) if hasattr(obj, "__dict__") else ():
-        if isinstance(value, LazyRandomState):
-            yield value.rng
-        elif isinstance(value, np.random.RandomState):
-            yield value
-        elif isinstance(value, BaseSampler):
-            yield from random_states(value, depth + 1, seen)

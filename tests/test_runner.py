@@ -8,7 +8,6 @@ import textwrap
 import time
 
 import pytest
-import yaml
 from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
 
 FLAKY_TRIAL = textwrap.dedent('''
@@ -240,17 +239,17 @@ def test_any_split_into_windows_gives_the_same_bits(write_study, tmp_path, monke
 
 
 def test_trials_of_equal_shapes_share_compiled_code(write_study, tmp_path):
-    from sweep import compiled
+    from sweep import compile_events
     from sweep import config as config_lib
 
-    compiled.count_compilations()
+    compile_events.count_compilations()
     config = config_lib.load(write_study(train={"steps": 100, "eval_every": 50}))
     _train(config, 0, {"learning_rate": 0.01, "hidden": 48}, tmp_path / "a")  # compiles
-    before = compiled.COMPILES.copy()
+    before = compile_events.COMPILES.copy()
     reports, _ = _train(config, 1, {"learning_rate": 0.002, "hidden": 48}, tmp_path / "b")
-    assert compiled.compilations(compiled.COMPILES - before) == 0 and len(reports) == 2
+    assert compile_events.compilations(compile_events.COMPILES - before) == 0 and len(reports) == 2
     _train(config, 2, {"learning_rate": 0.002, "hidden": 64}, tmp_path / "c")  # a new shape does compile
-    assert compiled.compilations(compiled.COMPILES - before) > 0
+    assert compile_events.compilations(compile_events.COMPILES - before) > 0
 
 
 BRANCHY_TRIAL = textwrap.dedent('''
@@ -414,7 +413,7 @@ DROPOUT_TRIAL = textwrap.dedent('''
 def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, tmp_path, monkeypatch, caplog):
     import logging
 
-    from sweep import compiled
+    from sweep import compile_events, compiled
     from sweep import config as config_lib
 
     monkeypatch.chdir(tmp_path)
@@ -423,7 +422,7 @@ def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, 
         trial="dropout_trial_fb", fixed={}, train={"steps": 20, "eval_every": 10},
         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1},
                       "dropout": {"type": "float", "low": 0.1, "high": 0.5}}))
-    compiled.count_compilations()
+    compile_events.count_compilations()
     with caplog.at_level(logging.INFO, logger="sweep"):
         logging.getLogger("sweep").propagate = True
         _train(config, 0, {"learning_rate": 0.05, "dropout": 0.2}, tmp_path / "a")
@@ -433,9 +432,9 @@ def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, 
     assert {r.getMessage() for r in caplog.records if "as a Python value" in r.getMessage()} == {
         "dropout_trial_fb: training uses hyperparameter(s) dropout as a Python value (TracerBoolConversionError), "
         "so each value compiles its own program; write it with jnp operations (e.g. jnp.where) to share one program"}
-    before = compiled.COMPILES.copy()
+    before = compile_events.COMPILES.copy()
     _train(config, 1, {"learning_rate": 0.02, "dropout": 0.2}, tmp_path / "b")  # another learning rate
-    assert compiled.compilations(compiled.COMPILES - before, "window") == 0  # shares the program
+    assert compile_events.compilations(compile_events.COMPILES - before, "window") == 0  # shares the program
 
 
 def test_write_budget_defers_periodic_saves_but_never_a_signal_save(write_study, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 from conftest import BASE_STUDY, merge
 from sweep import config as config_lib
 from sweep.samplers import build_sampler as build_inner, suggest_all
-from sweep.session import RestartProofSampler, random_states
+from sweep.samplers import RestartProofSampler, random_states
 
 
 def build_sampler(config):
