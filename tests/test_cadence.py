@@ -147,7 +147,7 @@ def test_explicit_every_steps_is_exact_by_default_then_a_kill(write_study):
 def test_explicit_budget_defers_saves_and_status_and_plan_show_it(write_study):
     # max_write_share 0.01 with a save every 10 steps of ~1 ms: the writer must rest ~99x a
     # write's time between saves, so most due saves are deferred.
-    study = write_study(n_trials=2, pruner={"type": "none"}, train={"steps": 3000, "eval_every": 500},
+    study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 2000, "eval_every": 500},
                         checkpoint={"every_steps": 10, "max_write_share": 0.01})
     plan = run_cli("plan", study, cwd=study.parent)
     assert "under checkpoint.max_write_share of 0.01" in plan.stdout, plan.stdout
@@ -166,7 +166,7 @@ def test_explicit_budget_defers_saves_and_status_and_plan_show_it(write_study):
 
 @pytest.mark.slow
 def test_an_exact_cadence_that_costs_more_than_five_percent_is_said_once(write_study):
-    study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 1500, "eval_every": 500},
+    study = write_study(n_trials=1, pruner={"type": "none"}, train={"steps": 300, "eval_every": 100},
                         checkpoint={"every_steps": 5, "keep_last": 2})
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
