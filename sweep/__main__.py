@@ -83,7 +83,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
         if TrialState.COMPLETE not in session._session.trial_states().values():
-            raise SweepError(no_complete_trial(session) or "no trial completed")
+            raise SweepError(no_complete_trial(session._session) or "no trial completed")
     return 0
 
 
