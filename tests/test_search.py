@@ -32,7 +32,7 @@ def test_trials_enqueued_through_optuna_run_and_count(write_study):
     plan = run_cli("plan", study, cwd=study.parent)
     assert plan.returncode == 0, plan.stderr
     assert "waiting: trials 3-4" in plan.stdout, plan.stdout
-    assert plan.stdout.splitlines()[-1] == "run would resume 0 and start 2 trial(s)"
+    assert plan.stdout.splitlines()[-1] == "run would start 2 new trials"
     second = run_cli("run", study, cwd=study.parent)
     assert second.returncode == 0, second.stderr
     trials = study_of(study).trials
