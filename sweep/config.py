@@ -11,7 +11,6 @@ import copy
 import dataclasses
 import difflib
 import importlib.util
-import math
 import os
 import re
 from pathlib import Path
@@ -91,7 +90,7 @@ def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: b
     if given or log:
         raise ValueError(f"values: cannot be combined with {', '.join(given or ['log'])}; give a list or a range, "
                          f"got {values!r}")
-    if not all(math.isfinite(v) and abs(v) <= MAX_EXACT for v in values):
+    if not all(abs(v) <= MAX_EXACT for v in values):
         raise ValueError(f"values: must be finite numbers of magnitude at most 2**53, got {values!r}")
     if len(set(values)) != len(values):
         raise ValueError(f"values: must not repeat a value, got {values!r}")
@@ -112,7 +111,8 @@ class CategoricalParam(_Model):
 def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
     for name, value in (("low", low), ("high", high), ("step", step)):
         # Optuna keeps every parameter as a 64-bit float: an int past 2**53 is not itself there.
-        if value is not None and not (math.isfinite(value) and abs(value) <= MAX_EXACT):
+        # Compared before any float() conversion: a huge int would overflow it; NaN compares False.
+        if value is not None and not abs(value) <= MAX_EXACT:
             raise ValueError(f"{name}: must be a finite number of magnitude at most 2**53, got {value!r}")
     if not low < high:
         raise ValueError(f"low: must be < high ({high!r}): the range is empty or inverted, got {low!r}")

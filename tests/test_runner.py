@@ -85,9 +85,12 @@ def test_sigint_checkpoints_and_exits_130_resumable(write_study):
     study = write_study(n_trials=2, train={"steps": 3000})
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
+    # Past its first save, so the trial trains (a signal while it compiles exits at once: test_signals).
+    wait_for_checkpoint(checkpoint_dir(study, 0), 100)
     proc.signal(signal.SIGINT)
     assert proc.finish(timeout=60) == 130
-    assert "Traceback" not in proc.stderr and "interrupted" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "checkpointing running trials" in proc.stderr and "interrupted" in proc.stderr
     trial = study_of(study).trials[0]
     assert trial.state.name == "RUNNING"  # resumable: never FAIL, never COMPLETE
     result = run_cli("run", study, cwd=study.parent)
@@ -162,12 +165,18 @@ def test_sigterm_grace_period_bounds_the_exit_of_a_stuck_trial(write_study):
     study = write_study(trial="stuck_trial", n_trials=1, pruner={"type": "none"}, fixed={},
                         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
                         checkpoint={"grace_seconds": 0.5})
+    stuck = study.parent / "stuck"
     (study.parent / "stuck_trial.py").write_text(
-        # Stuck in the trial's data(): its second call (the first is run's check before it starts).
-        FIRST_ATTEMPT_FAILS.replace("def data(hp):\n", "_CALLS = []\ndef data(hp):\n    _CALLS.append(1)\n"
-                                    "    import time; time.sleep(120 if len(_CALLS) > 1 else 0)\n"))
+        # Stuck in its third evaluation (step 150, past the save at step 100): training, not starting up,
+        # so the signal asks for a final checkpoint that the stuck step never lets it write.
+        FIRST_ATTEMPT_FAILS.replace('raise RuntimeError("transient fault")',
+                                    f'open({str(stuck)!r}, "w").close(); import time; time.sleep(120)'))
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
+    deadline = time.monotonic() + 120
+    while not stuck.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stuck.exists(), proc.stderr
     proc.signal(signal.SIGTERM)
     t0 = time.monotonic()
     assert proc.finish(timeout=60) == 143
