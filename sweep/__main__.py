@@ -75,15 +75,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
     from sweep.summary import no_complete_trial
 
-    with api.open(args.study_file) as session:
-        session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
-                    _exit_on_signal=True)
-        print(session.summary())
-        from optuna.trial import TrialState
+    try:
+        with api.open(args.study_file) as session:
+            session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
+                        _exit_on_signal=True)
+            print(session.summary())
+            from optuna.trial import TrialState
 
-        # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
-        if TrialState.COMPLETE not in session._session.trial_states().values():
-            raise SweepError(no_complete_trial(session._session) or "no trial completed")
+            # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
+            if TrialState.COMPLETE not in session._session.trial_states().values():
+                raise SweepError(no_complete_trial(session._session) or "no trial completed")
+    finally:
+        workers.stop_prestarted()  # helpers run never used: it ended early (a study-file error, say)
     return 0
 
 
