@@ -36,7 +36,7 @@ def plot(session: Session, out: Path) -> list[Path]:
     if not trials:
         raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
-    written = _study_figures(study, out)
+    written = _study_figures(study, out, config)
     remote = session.remote_steps(t.number for t in trials) or {}  # checkpoints kept in the bucket
     for t in sorted(trials, key=lambda t: t.number):
         if t.intermediate_values:
@@ -44,7 +44,9 @@ def plot(session: Session, out: Path) -> list[Path]:
     return written
 
 
-def _study_figures(study: optuna.Study, out: Path) -> list[Path]:
+def _study_figures(study: optuna.Study, out: Path, config: Config) -> list[Path]:
+    import functools
+
     from optuna import visualization as vis
     from optuna.visualization import matplotlib as vis_mpl
 
@@ -54,6 +56,15 @@ def _study_figures(study: optuna.Study, out: Path) -> list[Path]:
         ("param_importances", vis.plot_param_importances, vis_mpl.plot_param_importances),
         ("parallel_coordinate", vis.plot_parallel_coordinate, vis_mpl.plot_parallel_coordinate),
     ]
+    if config.study.multi_objective:
+        # Several objectives: Optuna's Pareto-front figure, and the others of the first objective
+        # (they take one target; nothing is reported per step, so no intermediate values).
+        first = {"target": lambda t: t.values[0], "target_name": config.study.objective.metric}
+        names = [o.metric for o in config.study.all_objectives]
+        one_target = [(name, functools.partial(html, **first), functools.partial(png, **first))
+                      for name, html, png in figures if name != "intermediate_values"]
+        figures = [("pareto_front", functools.partial(vis.plot_pareto_front, target_names=names),
+                    functools.partial(vis_mpl.plot_pareto_front, target_names=names)), *one_target]
     written = []
     for name, html_fn, png_fn in figures:
         try:
