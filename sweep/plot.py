@@ -8,6 +8,7 @@ because no library knows where its checkpoints and resumes are: markers at the k
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Callable, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.record import BEST_STEP, RESUMED_FROM, best_of_reports, checkpoint_folder, history
+from sweep.record import BEST_STEP, RESUMED_FROM, best_of_reports, checkpoint_folder, history, reports
 from sweep.checkpoints import kept_steps
 from sweep.config import Config
 from sweep.errors import SweepError
@@ -32,7 +33,8 @@ def plot(session: Session, out: Path) -> list[Path]:
     matplotlib.use("Agg")  # files only, no screen
     config = session.open(create=False).config
     study = session.study
-    trials = [t for t in session.trials() if t.intermediate_values or t.state == TrialState.COMPLETE]
+    trials = [_with_reports(config, t) for t in session.trials()]
+    trials = [t for t in trials if t.intermediate_values or t.state == TrialState.COMPLETE]
     if not trials:
         raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
@@ -42,6 +44,16 @@ def plot(session: Session, out: Path) -> list[Path]:
         if t.intermediate_values:
             written += _learning_curve(config, t, out / "curves", remote.get(t.number, []))
     return written
+
+
+def _with_reports(config: Config, t: FrozenTrial) -> FrozenTrial:
+    """`t`, or for a multi-objective trial (it reports nothing to Optuna) a copy whose intermediate
+    values are the first objective's `eval:<step>` records: its learning curve."""
+    if not config.study.multi_objective or t.intermediate_values:
+        return t
+    shown = copy.copy(t)  # shallow: the storage's trial itself is shared (Session.trials)
+    shown.intermediate_values = reports(t, config.study.objective.metric)
+    return shown
 
 
 def _study_figures(study: optuna.Study, out: Path, config: Config) -> list[Path]:
@@ -70,6 +82,8 @@ def _study_figures(study: optuna.Study, out: Path, config: Config) -> list[Path]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                # Given a target (several objectives), Optuna warns that importances are of low values.
+                warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator")
                 fig = html_fn(study)
                 ax = png_fn(study)
         except (ValueError, RuntimeError, ZeroDivisionError) as exc:

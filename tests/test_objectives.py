@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import BASE_STUDY, kill_mid_trial, run_cli, study_of
 
+import sweep
 from sweep import config as config_lib
 from sweep.errors import ConfigError
 from sweep.status import table
@@ -46,7 +47,7 @@ def _record(study_file: Path) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.slow
-def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path):
+def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, monkeypatch):
     study = tiny_study(tmp_path)
     result = run_cli("run", study, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -73,6 +74,12 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path):
     assert sorted(marked) == front and len(index["trials"]) == 6
     assert [e["pareto"] for e in index["trials"]] == [True] * len(front) + [False] * (6 - len(front))  # front first
     assert (tmp_path / "out" / f"trial_{front[0]:04d}" / "params.safetensors").exists()
+
+    # plot: Optuna's Pareto-front figure; each trial's curve is its first objective's evaluations.
+    monkeypatch.chdir(tmp_path)
+    with sweep.open(study) as session:
+        written = {p.relative_to(tmp_path / "plots").as_posix() for p in session.plot(tmp_path / "plots")}
+    assert {"pareto_front.html", "pareto_front.png", "curves/trial_0000.png"} <= written
 
     # `objectives` defines what the trials mean: an edit is refused with the diff, nothing changed.
     tiny_study(tmp_path, objectives=[TWO[0], {**TWO[1], "direction": "maximize"}])
