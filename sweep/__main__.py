@@ -135,12 +135,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
         logs.setup(quiet=True)
         index = session.export(args.out, trial=args.trial, include_pruned=args.include_pruned)
     for entry in index["trials"]:
-        print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']} "
+        front = " (Pareto-optimal)" if entry.get("pareto") else ""
+        print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']}{front} "
               f"-> {Path(args.out) / entry['dir']}")
     for number, why in index.get("removed", {}).items():
         print(f"trial {number}: not exported, its checkpoints were removed ({why})")
     print(f"exported {count(len(index['trials']), 'trial')} of study {session.config.name} to {args.out} "
-          "(best first, index.json)")
+          f"({'Pareto-optimal' if 'objectives' in index else 'best'} first, index.json)")
     return 0
 
 
