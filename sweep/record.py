@@ -30,6 +30,7 @@ FAILURES, ERROR = "failures", "error"  # retries used, and the last error (trunc
 LEDGER = "ledger"  # where its time went (sweep/ledger.py)
 DEVICES = "devices"  # ["<platform>:<host index>", ...]: the devices its latest run trained on (sweep/slots.py)
 CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the trial `continue` trains further
+MLFLOW_RUN_ID = "mlflow_run_id"  # the MLflow run its curves go to (sweep/tracking_mlflow.py), kept across resumes
 # Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
 # curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
 EVAL_ATTR_PREFIX = "eval:"
