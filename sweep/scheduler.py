@@ -18,7 +18,7 @@ from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
                           FAILURES, LAST_STEP, METRICS, RESUMED_FROM, TRAIN_LOSS, eval_attr, history, metrics_at)
-from sweep.checkpoints import newest_step
+from sweep.checkpoints import kept_steps, newest_step
 from sweep.compiled import FUNCTIONS
 from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
@@ -213,7 +213,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
     number, failures = frozen.number, int(frozen.user_attrs.get(FAILURES, 0))
     while True:
         curves = TrialLog(tracker, lambda step, frozen=frozen: _tracking_start(session, trial, frozen, params, step,
-                                                                               fence))
+                                                                               ckpt_dir, fence))
         ckpt = session.checkpoints(number, ckpt_dir, fence=fence, on_commit=curves.checkpoint)
 
         def on_step(n: int, step: int) -> None:
@@ -301,7 +301,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
 
 
 def _tracking_start(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any], step: int,
-                    fence: Callable[[], None]) -> TrialStart:
+                    folder: Path, fence: Callable[[], None]) -> TrialStart:
     """What the curve writers need when the trial starts training at `step` (sweep/tracking.py)."""
     config = session.config
 
@@ -312,7 +312,7 @@ def _tracking_start(session: Session, trial: optuna.Trial, frozen: FrozenTrial, 
         except Exception as exc:  # noqa: BLE001 - a finished or lost trial: the writer finds its run by tag
             log.debug("trial %d: %s not recorded (%s)", frozen.number, key, exc)
 
-    return TrialStart(frozen.number, step, {**config.study.fixed, **params},
+    return TrialStart(frozen.number, step, tuple(kept_steps(folder)), {**config.study.fixed, **params},
                       (*config.trial_module.METRICS, TRAIN_LOSS), history(frozen), dict(frozen.user_attrs), remember)
 
 

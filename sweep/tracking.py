@@ -1,5 +1,5 @@
-"""Training curves where users already look (TensorBoard, MLflow): a queue the training thread fills
-and one daemon thread that hands its events to the writers the study file's `logging` names.
+"""Training curves where users already look (TensorBoard, MLflow): queues the training thread fills
+and a daemon thread per writer the study file's `logging` names, which hands them on.
 
 Writers never slow or fail a trial: the training thread only puts events on the queue; a writer
 that raises is retried once, then skipped (one warning per writer and process) until the next
@@ -18,8 +18,10 @@ import time
 from typing import Any, Callable, Protocol
 
 from sweep.config import Config
+from sweep.credentials import mask_url
 
 log = logging.getLogger("sweep")
+THREAD_NAME = "sweep-tracking"
 RETRY_S = 1.0  # one retry after this pause, then the writer is skipped until the next trial
 _STOP = object()
 
@@ -36,6 +38,7 @@ class TrialStart:
 
     number: int
     step: int
+    saved: tuple[int, ...]  # its committed checkpoint steps on disk when it started
     hparams: dict[str, Any]
     metrics: tuple[str, ...]
     history: dict[int, dict[str, float]]
@@ -44,9 +47,7 @@ class TrialStart:
 
 
 class Writer(Protocol):
-    """One destination of curves; called on the tracking thread only, in the order of events."""
-
-    name: str
+    """One destination of curves; called on its own thread only, in the order of events."""
 
     def start(self, trial: TrialStart) -> None: ...
 
@@ -59,32 +60,34 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
-def writers(config: Config) -> list[Writer]:
-    """The writers the study file's `logging` asks for (their packages are imported only then)."""
-    found: list[Writer] = []
-    if config.tensorboard_dir is not None:
-        from sweep.tracking_tensorboard import TensorBoardWriter
+def writers(config: Config) -> list[tuple[str, Callable[[], Writer]]]:
+    """(name, maker) of the writers the study file's `logging` asks for: made on their own
+    thread, so importing their packages (mlflow: seconds) delays no trial."""
+    found: list[tuple[str, Callable[[], Writer]]] = []
+    logdir, uri = config.tensorboard_dir, config.study.logging.mlflow
+    if logdir is not None:
+        def tensorboard() -> Writer:
+            from sweep.tracking_tensorboard import TensorBoardWriter
 
-        found.append(TensorBoardWriter(config.tensorboard_dir))
-    if config.study.logging.mlflow is not None:
-        from sweep.tracking_mlflow import MlflowWriter
+            return TensorBoardWriter(logdir)
 
-        found.append(MlflowWriter(config.study.logging.mlflow, config.name))
+        found.append(("tensorboard", tensorboard))
+    if uri is not None:
+        def mlflow() -> Writer:
+            from sweep.tracking_mlflow import MlflowWriter
+
+            return MlflowWriter(uri, config.name)
+
+        found.append((f"mlflow ({mask_url(uri)})", mlflow))
     return found
 
 
 class Tracker:
-    """The process's tracking thread and its queue; a no-op without writers."""
+    """The process's tracking: one lane (a queue and a daemon thread) per writer, so a slow one
+    (an MLflow server far away, its import) holds no other back; a no-op without writers."""
 
-    def __init__(self, found: list[Writer]) -> None:
-        self._writers = found
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._skipped: set[tuple[str, int]] = set()  # (writer, trial) skipped after a failure
-        self._warned: set[str] = set()
-        self._thread: threading.Thread | None = None
-        if found:
-            self._thread = threading.Thread(target=self._loop, name="sweep-tracking", daemon=True)
-            self._thread.start()
+    def __init__(self, makers: list[tuple[str, Callable[[], Writer]]]) -> None:
+        self._lanes = [_Lane(name, make) for name, make in makers]
 
     @classmethod
     def of(cls, config: Config) -> Tracker:
@@ -92,38 +95,57 @@ class Tracker:
 
     @property
     def active(self) -> bool:
-        return bool(self._writers)
+        return bool(self._lanes)
 
     def put(self, method: str, number: int, *args: Any) -> None:
-        if self._writers:
-            self._queue.put((method, number, args))
+        for lane in self._lanes:
+            lane.queue.put((method, number, args))
 
     def close(self, timeout: float) -> bool:
         """Send what is queued (for `timeout` seconds at most) and stop; False if some was left."""
-        if self._thread is None:
-            return True
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
-        left = self._thread.is_alive()
+        deadline = time.monotonic() + timeout
+        for lane in self._lanes:
+            lane.queue.put(_STOP)
+        left = []
+        for lane in self._lanes:
+            lane.thread.join(max(0.0, deadline - time.monotonic()))
+            if lane.thread.is_alive():
+                left.append(lane.name)
         if left:
             log.warning("tracking: events not sent within %.0f s were left behind (%s); the next run of their "
-                        "trials catches up from the study's storage", timeout,
-                        ", ".join(w.name for w in self._writers))
+                        "trials catches up from the study's storage", timeout, ", ".join(left))
         return not left
 
+
+class _Lane:
+    """One writer, made and called on its own daemon thread, in the order of its events."""
+
+    def __init__(self, name: str, make: Callable[[], Writer]) -> None:
+        self.name, self._make = name, make
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self._skipped: set[int] = set()  # trials skipped after a failure, until they start again
+        self._warned = False
+        self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+        self.thread.start()
+
     def _loop(self) -> None:
+        try:
+            writer = self._make()  # its package's import (mlflow: seconds) delays no trial
+        except Exception as exc:  # noqa: BLE001 - a writer that cannot start leaves the others
+            log.warning("%s: could not start (%s: %s); the study goes on without it", self.name,
+                        type(exc).__name__, _short(exc))
+            writer = None
         while True:
-            item = self._queue.get()
+            item = self.queue.get()
             if item is _STOP:
-                for writer in self._writers:
+                if writer is not None:
                     self._call(writer, "close", -1, ())
                 return
             method, number, args = item
-            for writer in self._writers:
-                if method == "start":
-                    self._skipped.discard((writer.name, number))  # a new start catches up
-                if (writer.name, number) not in self._skipped:
-                    self._call(writer, method, number, args)
+            if method == "start":
+                self._skipped.discard(number)  # a new start catches up from the storage
+            if writer is not None and number not in self._skipped:
+                self._call(writer, method, number, args)
 
     def _call(self, writer: Writer, method: str, number: int, args: tuple[Any, ...]) -> None:
         for attempt in (1, 2):
@@ -134,14 +156,14 @@ class Tracker:
                 if attempt == 1:
                     time.sleep(RETRY_S)
                     continue
-                self._skipped.add((writer.name, number))
-                if writer.name not in self._warned:
-                    self._warned.add(writer.name)
-                    log.warning("%s: %s failed twice (%s: %s); its events are skipped until the trial starts again "
-                                "(the study goes on; its storage keeps every metric)", writer.name, method,
-                                type(exc).__name__, str(exc)[:300])
+                self._skipped.add(number)
+                if not self._warned:
+                    self._warned = True
+                    log.warning("%s: trial %d: %s failed twice (%s: %s); its curves are skipped until the trial "
+                                "starts again (the study goes on; its storage keeps every metric)", self.name,
+                                number, method, type(exc).__name__, _short(exc))
                 else:
-                    log.debug("%s: %s failed (%s)", writer.name, method, exc)
+                    log.debug("%s: %s failed (%s)", self.name, method, exc)
 
 
 class TrialLog:
@@ -170,3 +192,17 @@ class TrialLog:
     def end(self, state: str, best_step: int | None = None) -> None:
         if self._started:
             self._tracker.put("end", self.number, self.number, state, best_step)
+
+
+def _short(exc: BaseException) -> str:
+    """An exception's first line, cut: HTTP clients put whole URLs and causes in theirs."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:160] + ("..." if len(lines[0]) > 160 or len(lines) > 1 else "") if lines else ""
+
+
+class QuietOnTrackingThread(logging.Filter):
+    """Drops an HTTP client's own retry warnings on the tracking thread: the tracker says once
+    what failed (the study's log stays the study's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != THREAD_NAME or record.levelno >= logging.ERROR

@@ -9,21 +9,23 @@ its checkpoint are computed again, bit-identically, and skipped where logged alr
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
-from sweep.credentials import mask_url
 from sweep.record import MLFLOW_RUN_ID
-from sweep.tracking import TrialStart
+from sweep.tracking import QuietOnTrackingThread, TrialStart
 
-# MLflow's client retries an unreachable server 7 times with backoff (minutes): a study waits for
-# none of it, the tracking thread retries once itself. Left alone where the user set them.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+# MLflow's client retries an unreachable server 7 times with backoff (minutes), and the tracking
+# thread's queue would wait behind it: the thread retries once itself, and a trial that starts
+# again catches up what was skipped. Left alone where the user set them.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402 - after the retry settings above
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+logging.getLogger("urllib3.connectionpool").addFilter(QuietOnTrackingThread())
 STUDY_TAG, NUMBER_TAG, STATE_TAG, BEST_STEP_TAG = "sweep.study", "sweep.number", "sweep.state", "sweep.best_step"
 ROLE_TAG = "sweep.role"  # "study" on the parent run, "trial" on each trial's run
 PARENT_TAG, NAME_TAG = "mlflow.parentRunId", "mlflow.runName"  # MLflow's own: nesting and the shown name
@@ -32,11 +34,8 @@ _BATCH = 1000  # MLflow's limit of metrics per log_batch
 
 
 class MlflowWriter:
-    name = "mlflow"
-
     def __init__(self, uri: str, study: str) -> None:
         self.uri, self.study = uri, study
-        self.name = f"mlflow ({mask_url(uri)})"
         self._client = MlflowClient(tracking_uri=uri)
         self._experiment: str | None = None
         self._parent: str | None = None

@@ -15,7 +15,6 @@ interruptions (wall times aside).
 
 from __future__ import annotations
 
-import os
 import struct
 import time
 from pathlib import Path
@@ -36,8 +35,6 @@ def run_dir(logdir: Path, number: int) -> Path:
 
 
 class TensorBoardWriter:
-    name = "tensorboard"
-
     def __init__(self, logdir: Path) -> None:
         self.logdir = logdir
         self._files: dict[int, RecordWriter] = {}
@@ -46,13 +43,19 @@ class TensorBoardWriter:
         self._close(trial.number)
         folder = run_dir(self.logdir, trial.number)
         folder.mkdir(parents=True, exist_ok=True)
+        now = time.time()
         old = sorted(p for p in folder.iterdir() if EVENTS_INFIX in p.name)
+        # The saves up to the resume step: those the old files noted, and those still on disk (a
+        # kill can come before a commit's note is written). A signal's save is a real one, so the
+        # notes are the one part of a run that interruptions may change.
         notes = {e.step: e for e in _events(old) if e.step <= trial.step and _tag(e) == CHECKPOINT_TAG}
+        for step in trial.saved:
+            if step <= trial.step and step not in notes:
+                notes[step] = _note(now, step)
         # One file per (re)start, named after the start's time in ns so a restart within the same
         # second never reuses (and then deletes) the file it writes.
         path = folder / f"events.out.tfevents.{time.time_ns()}.sweep"
         writer = RecordWriter(str(path))
-        now = time.time()
         writer.write(Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
         # HParams: an experiment listing the metrics and one session with this trial's values.
         for proto in summary.hparams(_hparam_values(trial.hparams), {m: 0.0 for m in trial.metrics}):
@@ -80,8 +83,7 @@ class TensorBoardWriter:
     def checkpoint(self, number: int, step: int) -> None:
         writer = self._files.get(number)
         if writer is not None:
-            event = Event(wall_time=time.time(), step=step, summary=summary.text(CHECKPOINT_TAG, f"step {step} saved"))
-            writer.write(event.SerializeToString())
+            writer.write(_note(time.time(), step).SerializeToString())
             writer.flush()
 
     def end(self, number: int, state: str, best_step: int | None) -> None:
@@ -99,6 +101,10 @@ class TensorBoardWriter:
 
 def _scalar(wall_time: float, step: int, name: str, value: float) -> bytes:
     return Event(wall_time=wall_time, step=step, summary=summary.scalar(name, value)).SerializeToString()
+
+
+def _note(wall_time: float, step: int) -> Event:
+    return Event(wall_time=wall_time, step=step, summary=summary.text(CHECKPOINT_TAG, f"step {step} saved"))
 
 
 def _hparam_values(hparams: dict[str, Any]) -> dict[str, Any]:
@@ -135,8 +141,3 @@ def _records(fh: Any) -> Iterator[Event]:
         except Exception:  # noqa: BLE001 - a garbled record: the rest of the file is not trusted
             return
 
-
-def trial_files(logdir: Path, number: int) -> list[str]:
-    """The event files of trial `number`'s run (for tests and status)."""
-    folder = run_dir(logdir, number)
-    return sorted(os.fspath(p) for p in folder.glob(f"*{EVENTS_INFIX}*")) if folder.is_dir() else []
