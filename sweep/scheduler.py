@@ -27,7 +27,8 @@ from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal
-from sweep.tracking import Tracker, TrialLog, TrialStart
+from sweep.tracking import Tracker, TrialLog
+from sweep.tracking_events import TrialStart
 from sweep.words import numbered
 
 log = logging.getLogger("sweep")

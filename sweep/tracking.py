@@ -10,54 +10,19 @@ the `logging` key is outside the study's fingerprint.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from sweep.config import Config
 from sweep.credentials import mask_url
+from sweep.tracking_events import THREAD_NAME, TrialStart, Writer
 
 log = logging.getLogger("sweep")
-THREAD_NAME = "sweep-tracking"
 RETRY_S = 1.0  # one retry after this pause, then the writer is skipped until the next trial
 _STOP = object()
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialStart:
-    """A trial (re)starts training at `step` (0: from scratch) in this process.
-
-    `history`: step -> every metric stored in Optuna when it started (eval:<step>, train_loss
-    included): evaluations past `step` are computed again, bit-identically, and sent anew.
-    `remember(key, value)`: stores a trial user attribute (fenced: a worker that lost the trial
-    writes nothing); `recorded`: the trial's user attributes when it started.
-    """
-
-    number: int
-    step: int
-    saved: tuple[int, ...]  # its committed checkpoint steps on disk when it started
-    hparams: dict[str, Any]
-    metrics: tuple[str, ...]
-    history: dict[int, dict[str, float]]
-    recorded: dict[str, Any]
-    remember: Callable[[str, Any], None]
-
-
-class Writer(Protocol):
-    """One destination of curves; called on its own thread only, in the order of events."""
-
-    def start(self, trial: TrialStart) -> None: ...
-
-    def evaluation(self, number: int, step: int, metrics: dict[str, float]) -> None: ...
-
-    def checkpoint(self, number: int, step: int) -> None: ...
-
-    def end(self, number: int, state: str, best_step: int | None) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def writers(config: Config) -> list[tuple[str, Callable[[], Writer]]]:
@@ -199,10 +164,3 @@ def _short(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0][:160] + ("..." if len(lines[0]) > 160 or len(lines) > 1 else "") if lines else ""
 
-
-class QuietOnTrackingThread(logging.Filter):
-    """Drops an HTTP client's own retry warnings on the tracking thread: the tracker says once
-    what failed (the study's log stays the study's)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.threadName != THREAD_NAME or record.levelno >= logging.ERROR

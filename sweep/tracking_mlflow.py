@@ -14,7 +14,7 @@ import os
 import time
 
 from sweep.record import MLFLOW_RUN_ID
-from sweep.tracking import QuietOnTrackingThread, TrialStart
+from sweep.tracking_events import QuietOnTrackingThread, TrialStart
 
 # MLflow's client retries an unreachable server 7 times with backoff (minutes), and the tracking
 # thread's queue would wait behind it: the thread retries once itself, and a trial that starts

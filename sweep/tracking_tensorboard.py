@@ -24,7 +24,7 @@ from tensorboardX import summary
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import RecordWriter
 
-from sweep.tracking import TrialStart
+from sweep.tracking_events import TrialStart
 
 CHECKPOINT_TAG = "checkpoints"  # text: "step N saved", at step N
 EVENTS_INFIX = ".tfevents."  # TensorBoard reads files whose name holds it
