@@ -22,7 +22,10 @@ from sweep.__main__ import main
 from sweep.errors import ConfigError
 from sweep.record import MLFLOW_RUN_ID
 
-SMALL = {"n_trials": 1, "train": {"steps": 400, "eval_every": 50}, "pruner": {"type": "none"}}
+# One trial, one compiled shape (hidden fixed): the processes' start is most of these tests' time.
+SMALL = {"n_trials": 1, "train": {"steps": 300, "eval_every": 50}, "pruner": {"type": "none"},
+         "search_space": {"learning_rate": {"type": "float", "low": 1.0e-3, "high": 1.0e-1, "log": True}},
+         "fixed": {"batch_size": 32, "hidden": 16}}
 
 
 def _free_port() -> int:
@@ -71,7 +74,7 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
     study = write_study(**SMALL, logging={"tensorboard": True, "mlflow": mlflow_server})
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
-    wait_for_checkpoint(checkpoint_dir(study, 0), 200)
+    wait_for_checkpoint(checkpoint_dir(study, 0), 100)
     kill9(proc)
     run_id = study_of(study).trials[0].user_attrs.get(MLFLOW_RUN_ID)
     assert run_id, "the trial's MLflow run is recorded once it starts"
@@ -81,7 +84,7 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
 
     trial = study_of(study).trials[0]
     reported = dict(sorted(trial.intermediate_values.items()))
-    assert list(reported) == list(range(50, 401, 50))
+    assert list(reported) == list(range(50, 301, 50))
     workdir = Path(yaml.safe_load(study.read_text())["workdir"])
     run = workdir / "tensorboard" / "trial_0000"
     assert len(list(run.glob("*tfevents*"))) == 1  # the lost segment's file was rewritten and removed
@@ -98,7 +101,7 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
     assert {m.name.tag for m in experiment.metric_infos} >= {"val_loss", "train_loss"}
     saved = [e.step for e in acc.Tensors("checkpoints/text_summary")]  # the checkpoint steps, as text
     resumed = trial.user_attrs["resumed_from"]
-    assert saved == sorted(set(saved)) and {*resumed, 400} <= set(saved) <= {100, 200, 300, 400}
+    assert saved == sorted(set(saved)) and {*resumed, 300} <= set(saved) <= {100, 200, 300}
 
     client = MlflowClient(mlflow_server)
     assert trial.user_attrs[MLFLOW_RUN_ID] == run_id  # the resumed trial went on in its own run
