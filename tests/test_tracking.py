@@ -160,3 +160,56 @@ def test_logging_does_not_change_what_the_trials_mean(write_study):
     assert fingerprint.meaning(plain) == fingerprint.meaning(logged)
     assert "logging" in fingerprint.STEERING
     assert logged.tensorboard_dir == Path("tb").resolve() and plain.tensorboard_dir is None
+
+
+def _tb_events(folder: Path) -> list[tuple[str, int, Any]]:
+    """(tag, step, value) of every scalar and text event of a run, in file order, wall times aside."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    out = []
+    for path in sorted(folder.glob("*tfevents*")):
+        for event in EventFileLoader(str(path)).Load():
+            for v in event.summary.value:
+                out.append((v.tag, event.step, v.simple_value if v.HasField("simple_value") else bytes(v.tensor.string_val[0])
+                            if v.tensor.string_val else v.metadata.plugin_data.plugin_name))
+    return out
+
+
+def test_tensorboard_run_resumed_after_a_kill_equals_an_uninterrupted_one(tmp_path):
+    """In-process: the writer's rewrite on a (re)start; a kill leaves a half-written record and
+    evaluations past the checkpoint that the resumed run computes again."""
+    pytest.importorskip("tensorboard")
+    from sweep.tracking_events import TrialStart
+    from sweep.tracking_tensorboard import TensorBoardWriter, run_dir
+
+    evals = {s: {"val_loss": 1.0 / s, "train_loss": 2.0 / s} for s in range(50, 301, 50)}
+
+    def start(step: int, saved: tuple[int, ...] = ()) -> TrialStart:
+        return TrialStart(0, step, saved, {"lr": 0.1, "act": "relu"}, ("val_loss", "train_loss"),
+                          {s: m for s, m in evals.items() if s <= 250}, {}, lambda k, v: None)
+
+    def train(writer: TensorBoardWriter, begin: int, end: int) -> None:
+        for s in range(begin + 50, end + 1, 50):
+            writer.evaluation(0, s, evals[s])
+            if s % 100 == 0:
+                writer.checkpoint(0, s)
+
+    plain = TensorBoardWriter(tmp_path / "plain")
+    plain.start(start(0))
+    train(plain, 0, 300)
+    plain.end(0, "COMPLETE", 100)
+
+    killed = TensorBoardWriter(tmp_path / "killed")
+    killed.start(start(0))
+    train(killed, 0, 250)  # checkpoint at 200; evaluated up to 250 when the kill came
+    folder = run_dir(tmp_path / "killed", 0)
+    with open(next(folder.glob("*tfevents*")), "ab") as fh:
+        fh.write(b"\x40\x00\x00\x00\x00\x00\x00\x00half")  # a record the kill cut short
+    resumed = TensorBoardWriter(tmp_path / "killed")
+    resumed.start(start(200, saved=(100, 200)))
+    train(resumed, 200, 300)
+    resumed.end(0, "COMPLETE", 100)
+
+    assert len(list(folder.glob("*tfevents*"))) == 1
+    assert _tb_events(folder) == _tb_events(run_dir(tmp_path / "plain", 0))
+    assert [s for t, s, _ in _tb_events(folder) if t == "val_loss"] == list(range(50, 301, 50))
