@@ -17,8 +17,8 @@ from sweep import constraints, enqueue
 from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
-                          FAILURES, LAST_STEP, METRICS, RESUMED_FROM, TRAIN_LOSS, eval_attr, history, metrics_at)
-from sweep.checkpoints import kept_steps, newest_step
+                          FAILURES, LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at)
+from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
 from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
@@ -27,8 +27,7 @@ from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal
-from sweep.tracking import Tracker, TrialLog
-from sweep.tracking_events import TrialStart
+from sweep.tracking import Tracker, TrialLog, trial_start
 from sweep.words import numbered
 
 log = logging.getLogger("sweep")
@@ -213,8 +212,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
     config = session.config
     number, failures = frozen.number, int(frozen.user_attrs.get(FAILURES, 0))
     while True:
-        curves = TrialLog(tracker, lambda step, frozen=frozen: _tracking_start(session, trial, frozen, params, step,
-                                                                               ckpt_dir, fence))
+        curves = TrialLog(tracker, lambda step, frozen=frozen: trial_start(config, trial, frozen, params, step,
+                                                                           ckpt_dir, fence))
         ckpt = session.checkpoints(number, ckpt_dir, fence=fence, on_commit=curves.checkpoint)
 
         def on_step(n: int, step: int) -> None:
@@ -299,22 +298,6 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         finally:
             ckpt.close()
             _warn_leftover_threads(number, threads)
-
-
-def _tracking_start(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any], step: int,
-                    folder: Path, fence: Callable[[], None]) -> TrialStart:
-    """What the curve writers need when the trial starts training at `step` (sweep/tracking.py)."""
-    config = session.config
-
-    def remember(key: str, value: Any) -> None:  # on the tracking thread: never raises into it
-        try:
-            fence()
-            trial.set_user_attr(key, value)
-        except Exception as exc:  # noqa: BLE001 - a finished or lost trial: the writer finds its run by tag
-            log.debug("trial %d: %s not recorded (%s)", frozen.number, key, exc)
-
-    return TrialStart(frozen.number, step, tuple(kept_steps(folder)), {**config.study.fixed, **params},
-                      (*config.trial_module.METRICS, TRAIN_LOSS), history(frozen), dict(frozen.user_attrs), remember)
 
 
 def _warn_leftover_threads(number: int, before: set[threading.Thread]) -> None:

@@ -14,10 +14,15 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
+from optuna.trial import FrozenTrial
+
+from sweep.checkpoints import kept_steps
 from sweep.config import Config
 from sweep.credentials import mask_url
+from sweep.record import TRAIN_LOSS, history
 from sweep.tracking_events import THREAD_NAME, TrialStart, Writer
 
 log = logging.getLogger("sweep")
@@ -129,6 +134,22 @@ class _Lane:
                                 number, method, type(exc).__name__, _short(exc))
                 else:
                     log.debug("%s: %s failed (%s)", self.name, method, exc)
+
+
+def trial_start(config: Config, trial: Any, frozen: FrozenTrial, params: dict[str, Any], step: int, folder: Path,
+                fence: Callable[[], None]) -> TrialStart:
+    """What the writers need when trial `frozen.number` starts training at `step`; `trial` is its
+    optuna.Trial, `folder` its checkpoint folder, `fence` raises if this worker lost the trial."""
+
+    def remember(key: str, value: Any) -> None:  # on a writer's thread: never raises into it
+        try:
+            fence()
+            trial.set_user_attr(key, value)
+        except Exception as exc:  # noqa: BLE001 - a finished or lost trial: the writer finds its run by tag
+            log.debug("trial %d: %s not recorded (%s)", frozen.number, key, exc)
+
+    return TrialStart(frozen.number, step, tuple(kept_steps(folder)), {**config.study.fixed, **params},
+                      (*config.trial_module.METRICS, TRAIN_LOSS), history(frozen), dict(frozen.user_attrs), remember)
 
 
 class TrialLog:
