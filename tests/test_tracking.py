@@ -213,3 +213,39 @@ def test_tensorboard_run_resumed_after_a_kill_equals_an_uninterrupted_one(tmp_pa
     assert len(list(folder.glob("*tfevents*"))) == 1
     assert _tb_events(folder) == _tb_events(run_dir(tmp_path / "plain", 0))
     assert [s for t, s, _ in _tb_events(folder) if t == "val_loss"] == list(range(50, 301, 50))
+
+
+def test_tracker_a_failing_writer_is_skipped_with_one_warning_until_the_trial_starts_again(monkeypatch, caplog):
+    from sweep import tracking
+
+    monkeypatch.setattr(tracking, "RETRY_S", 0.0)
+    seen: list[tuple[str, int]] = []
+
+    class Flaky:  # away for the steps before 200
+        def start(self, trial):
+            seen.append(("start", trial))
+
+        def evaluation(self, number, step, metrics):
+            seen.append(("evaluation", step))
+            if step < 200:
+                raise ConnectionError("server away")
+
+        def checkpoint(self, number, step): ...
+
+        def end(self, number, state, best_step): ...
+
+        def close(self): ...
+
+    tracker = tracking.Tracker([("flaky", Flaky)])
+    for trial in (0, 1):
+        tracker.put("start", trial, trial)
+        tracker.put("evaluation", trial, trial, 50, {})
+        tracker.put("evaluation", trial, trial, 100, {})  # skipped: trial's writer failed twice
+    tracker.put("start", 1, 1)  # the trial starts again (a resume): its events go out again
+    tracker.put("evaluation", 1, 1, 200, {})
+    assert tracker.close(30)
+    tried_twice = [("evaluation", 50)] * 2  # then the trial's step 100 is not tried
+    assert seen == [("start", 0), *tried_twice, ("start", 1), *tried_twice, ("start", 1), ("evaluation", 200)]
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "flaky: trial 0: evaluation failed twice (ConnectionError: server away)" in \
+        warnings[0].getMessage()
