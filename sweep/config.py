@@ -236,6 +236,26 @@ class WarmStart(_Model):
     study: Annotated[str, Field(min_length=1)]  # another study file, relative to the current directory
 
 
+class Logging(_Model):
+    """Where training curves go besides Optuna's storage (sweep/tracking.py); steers, never defines, a trial."""
+
+    # true: <workdir>/tensorboard; a string: that folder (relative to the current directory).
+    tensorboard: Any = False  # bool | str, checked below: one message for every wrong value
+    mlflow: Annotated[str, Field(min_length=1)] | None = None  # an MLflow tracking URI
+
+    @model_validator(mode="after")
+    def _check(self) -> Logging:
+        if not isinstance(self.tensorboard, (bool, str)) or self.tensorboard == "":
+            raise ValueError(f"tensorboard: must be true, false or a folder, got {self.tensorboard!r}")
+        # Optional packages: a configured writer whose package is missing is a study-file error
+        # (exit 2, before anything is created), not a warning in the middle of a run.
+        for key, module, extra in (("tensorboard", "tensorboardX", "tensorboard"), ("mlflow", "mlflow", "mlflow")):
+            value = getattr(self, key)
+            if value not in (None, False) and importlib.util.find_spec(module) is None:
+                raise ValueError(f"{key}: needs the `{module}` package (pip install 'sweep[{extra}]'), got {value!r}")
+        return self
+
+
 class StudyFile(_Model):
     name: Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
     trial: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
@@ -263,6 +283,7 @@ class StudyFile(_Model):
     train: Train
     checkpoint: Checkpoint = Checkpoint()
     parallel: Parallel = Parallel()
+    logging: Logging = Logging()
 
     @model_validator(mode="after")
     def _check_objectives(self) -> StudyFile:
@@ -332,6 +353,14 @@ class Config:
 
     def checkpoint_dir(self, number: int) -> Path:
         return self.workdir / "checkpoints" / f"trial_{number:04d}"
+
+    @property
+    def tensorboard_dir(self) -> Path | None:
+        """The TensorBoard logdir (one run per trial, `trial_NNNN`), None when not configured."""
+        where = self.study.logging.tensorboard
+        if where is False:
+            return None
+        return self.workdir / "tensorboard" if where is True else Path(os.path.abspath(where))
 
     @property
     def cache_dir(self) -> Path:

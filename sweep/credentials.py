@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from sweep.errors import ConfigError
 
 # Dotted keys whose string value may hold ${VAR}: where the study's data lives, never what it means.
-INTERPOLATED = ("storage", "workdir", "checkpoint.remote", "parallel.address")
+INTERPOLATED = ("storage", "workdir", "checkpoint.remote", "parallel.address", "logging.mlflow")
 MASK = "***"
 # `$${` is an escaped `${`; `${NAME}` a variable; any other `${` a mistake (`${DB PASSWORD}`, `${X`).
 _TOKEN = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{")

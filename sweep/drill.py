@@ -69,7 +69,7 @@ def _copy(config: Config, root: Path, tag: str) -> tuple[Path, Session]:
     """The drill's copy of the study: a study file for the CLI runs, and a session to read it."""
     raw = copy.deepcopy(config.source.raw)
     raw.update(name=f"{config.name}-drill-{tag}", workdir=str(root / tag), n_trials=1, pruner={"type": "none"})
-    for key in ("storage", "timeout", "parallel"):
+    for key in ("storage", "timeout", "parallel", "logging"):  # a drill's trials are no curves for the team
         raw.pop(key, None)
     path = root / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

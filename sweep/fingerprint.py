@@ -26,7 +26,7 @@ CODE_ATTR = "sweep:trial_code"  # study user attribute: code() of the trial modu
 # Top-level keys that may change under a started study (docs/reference.md, "Keys that may change
 # under a started study"); the pruner is one: it decides when to stop a trial, not what it computes.
 STEERING = ("n_trials", "timeout", "parallel", "checkpoint", "max_retries", "pruner", "storage_retry_seconds",
-            "data_timeout_seconds")
+            "data_timeout_seconds", "logging")
 _ABSENT = ABSENT = object()  # a key one side lacks
 
 

@@ -33,6 +33,7 @@ CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the tri
 # Trial user attribute of a warm-start observation (sweep/warm_start.py): {"study", "number"} of the
 # trial of the other study it copies. Such a trial is never run, counted, resumed or exported.
 WARM_START = "warm_start"
+MLFLOW_RUN_ID = "mlflow_run_id"  # the MLflow run its curves go to (sweep/tracking_mlflow.py), kept across resumes
 # Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
 # curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
 EVAL_ATTR_PREFIX = "eval:"

@@ -27,10 +27,12 @@ from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal
+from sweep.tracking import Tracker, TrialLog, trial_start
 from sweep.words import numbered
 
 log = logging.getLogger("sweep")
 WAIT_POLL_S = 0.5
+TRACKING_DRAIN_S = 10.0  # at the end of a run, what the writers have not sent yet gets this long at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +59,14 @@ def run(session: Session, stop: StopSignal) -> None:
             warm_start.apply(session)
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()
+    tracker = Tracker.of(config)
     try:
         while True:
             stop.check()
             with claims.ask_lock():
                 claimed = _next_trial(session, deadline)
             if claimed is not None:
-                _run_claimed(session, claimed, stop, code)
+                _run_claimed(session, claimed, stop, code, tracker)
             elif _others_running(session) and not _past(deadline):
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
@@ -73,6 +76,8 @@ def run(session: Session, stop: StopSignal) -> None:
             session.remote.wait()
     finally:
         claims.stop_heartbeat()
+        grace = stop.grace_left() - 1.0 if stop.signum is not None else TRACKING_DRAIN_S
+        tracker.close(max(0.0, min(TRACKING_DRAIN_S, grace)))
 
 
 def _past(deadline: float | None) -> bool:
@@ -153,7 +158,8 @@ class _Fenced:
         return not self.multi_objective and self.trial.should_prune()
 
 
-def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dict[str, Any]) -> None:
+def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dict[str, Any],
+                 tracker: Tracker) -> None:
     config, claims = session.config, session.claims
     key = claims.key(claimed.number)
 
@@ -188,7 +194,8 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         _record_code(trial, frozen, code)
         if not claimed.adopted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence, (resumes, claimed.adopted))
+        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence, (resumes, claimed.adopted),
+                            tracker)
         fence()  # before the tell
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -211,7 +218,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
 
 def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any],
               ckpt_dir: Path, stop: StopSignal, fence: Callable[[], None],
-              interrupted: tuple[int, bool]) -> Outcome | None:
+              interrupted: tuple[int, bool], tracker: Tracker) -> Outcome | None:
     """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
 
     Failures are counted in the `failures` user attribute, so a restart does not reset the count.
@@ -221,11 +228,18 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
     config = session.config
     number, failures = frozen.number, int(frozen.user_attrs.get(FAILURES, 0))
     while True:
-        ckpt = session.checkpoints(number, ckpt_dir, fence=fence)
+        curves = TrialLog(tracker, lambda step, frozen=frozen: trial_start(config, trial, frozen, params, step,
+                                                                           ckpt_dir, fence))
+        ckpt = session.checkpoints(number, ckpt_dir, fence=fence, on_commit=curves.checkpoint)
+
+        def on_step(n: int, step: int) -> None:
+            session.on_step(n, step)
+            curves.on_step(step)
 
         def on_evaluation(step: int, metrics: dict[str, float]) -> None:
             fence()
             trial.set_user_attr(eval_attr(step), metrics)
+            curves.evaluation(step, metrics)
 
         def on_restore(step: int) -> None:
             fence()
@@ -264,7 +278,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 outcome = run_trial(config, number, config.hyperparameters(params),
                                     _Fenced(trial, fence, config.study.multi_objective),
                                     reports(frozen, config.study.objective.metric), ckpt, stop, on_restore=on_restore,
-                                    on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
+                                    on_step=on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
                                     on_data_shapes=on_data_shapes, on_devices=on_devices,
                                     seed_number=session.seed_number(number),
                                     ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
@@ -277,8 +291,10 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 trial.set_user_attr(name, value)
             _set_constraints(session, trial, best_metrics)
             ckpt.wait()
+            curves.end(outcome.state, outcome.best_step)
             return outcome
         except Interrupted:
+            curves.end("INTERRUPTED")
             _upload_within_grace(session, number, ckpt_dir, stop)
             raise
         except (DiskFault, TakenOver):  # not the trial's fault: no retry charged
@@ -292,6 +308,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                       params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."
                       if retry else "")
             if not retry:
+                curves.end("FAIL")
                 return None
             frozen = session.trial(number)  # the failed attempt's new reports
             resumed = False  # a retry after the trial's own failure is no interruption

@@ -267,9 +267,11 @@ class Session:
     # --- checkpoints, progress, compiled code ---------------------------------------------------
 
     def checkpoints(self, number: int, directory: Path, read_only: bool = False,
-                    fence: Callable[[], None] | None = None) -> TrialCheckpoints:
+                    fence: Callable[[], None] | None = None,
+                    on_commit: Callable[[int], None] | None = None) -> TrialCheckpoints:
         """Trial `number`'s checkpoint folder, sharing this session's write budget; `fence` is
-        called before each write (it raises if this worker no longer holds the trial)."""
+        called before each write (it raises if this worker no longer holds the trial); `on_commit`
+        with each step once it is durable (on the checkpoint writer's thread)."""
         from sweep import retention
         from sweep.state import trial_checkpoints
 
@@ -281,12 +283,15 @@ class Session:
         if remote is not None:
             remote.fetch_missing(directory, f"trial {number}")  # a new host resumes from the bucket
 
-        def uploaded(step: int) -> None:
-            remote.upload(directory, step, upload_fence)
+        def committed(step: int) -> None:
+            if remote is not None:
+                remote.upload(directory, step, upload_fence)
+            if on_commit is not None:
+                on_commit(step)
 
         ckpt = trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence,
                                  room=room if self.config.study.checkpoint.max_disk is not None else None,
-                                 on_commit=uploaded if remote is not None else None)
+                                 on_commit=committed if remote is not None or on_commit is not None else None)
         if remote is not None:
             remote.upload_missing(directory, upload_fence)  # what a kill or an outage kept from the bucket
         return ckpt

@@ -1,0 +1,139 @@
+"""MLflow runs: one per trial (params, metrics by step, tags), nested under one run for the study;
+a resumed trial goes on in its own run, each step's metrics logged once.
+
+MLflow keeps every value logged, so a step is never logged twice: a (re)start reads the run's
+metric history and logs only the steps it lacks, from Optuna's storage first (what a kill or an
+away server kept from the run), then as the trial evaluates (a resumed trial's evaluations past
+its checkpoint are computed again, bit-identically, and skipped where logged already).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from sweep.record import MLFLOW_RUN_ID
+from sweep.tracking_events import QuietOnTrackingThread, TrialStart
+
+# MLflow's client retries an unreachable server 7 times with backoff (minutes), and the tracking
+# thread's queue would wait behind it: the thread retries once itself, and a trial that starts
+# again catches up what was skipped. Left alone where the user set them.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402 - after the retry settings above
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+logging.getLogger("urllib3.connectionpool").addFilter(QuietOnTrackingThread())
+STUDY_TAG, NUMBER_TAG, STATE_TAG, BEST_STEP_TAG = "sweep.study", "sweep.number", "sweep.state", "sweep.best_step"
+ROLE_TAG = "sweep.role"  # "study" on the parent run, "trial" on each trial's run
+PARENT_TAG, NAME_TAG = "mlflow.parentRunId", "mlflow.runName"  # MLflow's own: nesting and the shown name
+_TERMINAL = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED", "INTERRUPTED": "KILLED"}
+_BATCH = 1000  # MLflow's limit of metrics per log_batch
+
+
+class MlflowWriter:
+    def __init__(self, uri: str, study: str) -> None:
+        self.uri, self.study = uri, study
+        self._client = MlflowClient(tracking_uri=uri)
+        self._experiment: str | None = None
+        self._parent: str | None = None
+        self._runs: dict[int, tuple[str, dict[str, set[int]]]] = {}  # number -> (run id, key -> steps logged)
+
+    def start(self, trial: TrialStart) -> None:
+        self._runs.pop(trial.number, None)
+        run_id = self._run_of(trial)
+        logged = {key: {m.step for m in self._client.get_metric_history(run_id, key)}
+                  for key in trial.metrics}
+        self._runs[trial.number] = (run_id, logged)
+        self._client.set_tag(run_id, STATE_TAG, "RUNNING")
+        self._client.update_run(run_id, status="RUNNING")
+        for step in sorted(trial.history):  # what the run lacks of the stored evaluations
+            self._log(trial.number, step, trial.history[step])
+
+    def evaluation(self, number: int, step: int, metrics: dict[str, float]) -> None:
+        if number in self._runs:
+            self._log(number, step, metrics)
+
+    def checkpoint(self, number: int, step: int) -> None:
+        return None  # steps are shown by TensorBoard's text; a tag per save would only grow the run
+
+    def end(self, number: int, state: str, best_step: int | None) -> None:
+        found = self._runs.pop(number, None)
+        if found is None:
+            return
+        run_id = found[0]
+        tags = [RunTag(STATE_TAG, state)] + ([RunTag(BEST_STEP_TAG, str(best_step))] if best_step is not None else [])
+        self._client.log_batch(run_id, tags=tags)
+        self._client.set_terminated(run_id, _TERMINAL.get(state, "KILLED"))
+
+    def close(self) -> None:
+        self._runs.clear()
+        if self._parent is not None:  # this process is done with the study; the next run reopens it
+            self._client.set_terminated(self._parent, "FINISHED")
+
+    def _log(self, number: int, step: int, metrics: dict[str, float]) -> None:
+        run_id, logged = self._runs[number]
+        now = int(time.time() * 1000)
+        new = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if step not in logged.setdefault(k, set())]
+        for i in range(0, len(new), _BATCH):
+            self._client.log_batch(run_id, metrics=new[i:i + _BATCH])
+        for m in new:  # only once MLflow has them
+            logged[m.key].add(step)
+
+    def _run_of(self, trial: TrialStart) -> str:
+        """The trial's run: the one its record names, else one tagged with its number under the
+        study's run (created by a run a kill stopped before the record was written), else a new one."""
+        stored = trial.recorded.get(MLFLOW_RUN_ID)
+        if stored:
+            return str(stored)
+        parent = self._parent_run()
+        found = self._client.search_runs([self._experiment_id()], max_results=1, filter_string=(
+            f"tags.`{PARENT_TAG}` = '{parent}' AND tags.`{NUMBER_TAG}` = '{trial.number}'"))
+        if found:
+            run_id = found[0].info.run_id
+        else:
+            tags = {PARENT_TAG: parent, NAME_TAG: f"trial_{trial.number:04d}", STUDY_TAG: self.study,
+                    NUMBER_TAG: str(trial.number), ROLE_TAG: "trial"}
+            run_id = self._client.create_run(self._experiment_id(), tags=tags).info.run_id
+            params = [Param(k, str(v)[:6000]) for k, v in sorted(trial.hparams.items())]
+            for i in range(0, len(params), 100):
+                self._client.log_batch(run_id, params=params[i:i + 100])
+        trial.remember(MLFLOW_RUN_ID, run_id)
+        return run_id
+
+    def _experiment_id(self) -> str:
+        """The study's experiment (named after the study), created by the first worker that needs it."""
+        if self._experiment is None:
+            found = self._client.get_experiment_by_name(self.study)
+            if found is None:
+                try:
+                    self._experiment = str(self._client.create_experiment(self.study))
+                    return self._experiment
+                except Exception:  # another worker created it meanwhile
+                    found = self._client.get_experiment_by_name(self.study)
+                    if found is None:
+                        raise
+            self._experiment = str(found.experiment_id)
+        return self._experiment
+
+    def _parent_run(self) -> str:
+        """The study's run. Workers starting together may each create one: every worker then keeps
+        the oldest (the same one for all) and deletes its own if it is not that one."""
+        if self._parent is None:
+            query = f"tags.`{ROLE_TAG}` = 'study' AND tags.`{STUDY_TAG}` = '{self.study}'"
+            runs = self._client.search_runs([self._experiment_id()], filter_string=query)
+            created = None
+            if not runs:
+                created = self._client.create_run(self._experiment_id(), tags={
+                    ROLE_TAG: "study", STUDY_TAG: self.study, NAME_TAG: self.study}).info.run_id
+                runs = self._client.search_runs([self._experiment_id()], filter_string=query)
+            oldest = min(runs, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+            if created is not None and created != oldest:
+                self._client.delete_run(created)
+            if created is None:
+                self._client.update_run(oldest, status="RUNNING")
+            self._parent = oldest
+        return self._parent
+

@@ -1,0 +1,251 @@
+"""Curves where users look (sweep/tracking.py): TensorBoard event files and MLflow runs, one clean
+curve per trial across a kill -9 and a resume; the `logging` key's rules."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
+from sweep import config as config_lib
+from sweep import fingerprint
+from sweep.__main__ import main
+from sweep.errors import ConfigError
+from sweep.record import MLFLOW_RUN_ID
+
+# One trial, one compiled shape (hidden fixed): the processes' start is most of these tests' time.
+SMALL = {"n_trials": 1, "train": {"steps": 300, "eval_every": 50}, "pruner": {"type": "none"},
+         "search_space": {"learning_rate": {"type": "float", "low": 1.0e-3, "high": 1.0e-1, "log": True}},
+         "fixed": {"batch_size": 32, "hidden": 16}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real `mlflow server` on localhost with its SQLite backend (its start takes ~10-20 s: one per module)."""
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/m.db",
+                             "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port",
+                             str(port), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+            time.sleep(0.3)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _scalars(run: Path) -> tuple[dict[str, list[tuple[int, float]]], Any]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}, acc
+
+
+@pytest.mark.slow
+def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server):
+    pytest.importorskip("tensorboard")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    study = write_study(**SMALL, logging={"tensorboard": True, "mlflow": mlflow_server})
+    proc = Running("run", study, cwd=study.parent)
+    proc.wait_for(r"trial 0: started")
+    wait_for_checkpoint(checkpoint_dir(study, 0), 100)
+    kill9(proc)
+    run_id = study_of(study).trials[0].user_attrs.get(MLFLOW_RUN_ID)
+    assert run_id, "the trial's MLflow run is recorded once it starts"
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    assert "resumed from step" in result.stderr and "failed twice" not in result.stderr
+
+    trial = study_of(study).trials[0]
+    reported = dict(sorted(trial.intermediate_values.items()))
+    assert list(reported) == list(range(50, 301, 50))
+    workdir = Path(yaml.safe_load(study.read_text())["workdir"])
+    run = workdir / "tensorboard" / "trial_0000"
+    assert len(list(run.glob("*tfevents*"))) == 1  # the lost segment's file was rewritten and removed
+    scalars, acc = _scalars(run)
+    assert {"val_loss", "val_accuracy", "train_loss"} <= set(scalars)
+    for tag in ("val_loss", "val_accuracy", "train_loss"):
+        assert [s for s, _ in scalars[tag]] == list(reported)  # each step once, increasing
+    # Scalars are float32 in the event protocol; Optuna keeps float64.
+    assert [v for _, v in scalars["val_loss"]] == [float(np.float32(v)) for v in reported.values()]
+    hparams = acc.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
+    assert set(start.session_start_info.hparams) == {"learning_rate", "hidden", "batch_size"}
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
+    assert {m.name.tag for m in experiment.metric_infos} >= {"val_loss", "train_loss"}
+    saved = [e.step for e in acc.Tensors("checkpoints/text_summary")]  # the checkpoint steps, as text
+    resumed = trial.user_attrs["resumed_from"]
+    assert saved == sorted(set(saved)) and {*resumed, 300} <= set(saved) <= {100, 200, 300}
+
+    client = MlflowClient(mlflow_server)
+    assert trial.user_attrs[MLFLOW_RUN_ID] == run_id  # the resumed trial went on in its own run
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert len(runs) == 2  # the study's run and the trial's, nested under it
+    mine = client.get_run(run_id)
+    parent = [r for r in runs if r.info.run_id != run_id][0]
+    assert mine.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert mine.data.tags["sweep.state"] == "COMPLETE" and mine.info.status == "FINISHED"
+    assert mine.data.tags["sweep.best_step"] == str(trial.user_attrs["best_step"])
+    assert mine.data.params["learning_rate"] == str(trial.params["learning_rate"])
+    history = client.get_metric_history(run_id, "val_loss")
+    assert sorted(m.step for m in history) == list(reported)  # each step once
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == list(reported.values())
+
+
+@pytest.mark.slow
+def test_mlflow_server_away_the_study_finishes_with_one_warning(write_study):
+    pytest.importorskip("mlflow")
+    study = write_study(**{**SMALL, "n_trials": 2, "train": {"steps": 100, "eval_every": 50}},
+                        logging={"mlflow": f"http://127.0.0.1:{_free_port()}"})
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "mlflow" in line or "urllib3" in line]
+    assert len(said) == 1 and "failed twice" in said[0] and "skipped" in said[0], result.stderr
+    trials = study_of(study).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert all(len(t.intermediate_values) == 2 for t in trials)
+
+
+@pytest.mark.parametrize("key,module,extra", [("tensorboard", "tensorboardX", "tensorboard"),
+                                               ("mlflow", "mlflow", "mlflow")])
+def test_logging_without_its_package_exits_2_naming_the_key(write_study, monkeypatch, capsys, key, module, extra):
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else find(name, *a))
+    study = write_study(logging={key: True if key == "tensorboard" else "http://localhost:5000"})
+    assert main(["run", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert f"logging.{key}: needs the `{module}` package (pip install 'sweep[{extra}]')" in err
+    assert "Traceback" not in err and not (study.parent / "runs").exists()
+
+
+@pytest.mark.parametrize("logging,rule", [({"tensorboard": ""}, "true, false or a folder"),
+                                          ({"tensorboard": 3}, "true, false or a folder"),
+                                          ({"mlflow": 3}, "string"), ({"wandb": True}, "unknown key")])
+def test_logging_bad_values_are_study_file_errors(write_study, logging, rule):
+    with pytest.raises(ConfigError, match=rule):
+        config_lib.load(write_study(logging=logging))
+
+
+def test_logging_does_not_change_what_the_trials_mean(write_study):
+    plain = config_lib.load(write_study())
+    logged = config_lib.load(write_study("b.yaml", logging={"tensorboard": "tb", "mlflow": "http://localhost:5000"}))
+    assert fingerprint.meaning(plain) == fingerprint.meaning(logged)
+    assert "logging" in fingerprint.STEERING
+    assert logged.tensorboard_dir == Path("tb").resolve() and plain.tensorboard_dir is None
+
+
+def _tb_events(folder: Path) -> list[tuple[str, int, Any]]:
+    """(tag, step, value) of every scalar and text event of a run, in file order, wall times aside."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    out = []
+    for path in sorted(folder.glob("*tfevents*")):
+        for event in EventFileLoader(str(path)).Load():
+            for v in event.summary.value:
+                out.append((v.tag, event.step, v.simple_value if v.HasField("simple_value") else bytes(v.tensor.string_val[0])
+                            if v.tensor.string_val else v.metadata.plugin_data.plugin_name))
+    return out
+
+
+def test_tensorboard_run_resumed_after_a_kill_equals_an_uninterrupted_one(tmp_path):
+    """In-process: the writer's rewrite on a (re)start; a kill leaves a half-written record and
+    evaluations past the checkpoint that the resumed run computes again."""
+    pytest.importorskip("tensorboard")
+    from sweep.tracking_events import TrialStart
+    from sweep.tracking_tensorboard import TensorBoardWriter, run_dir
+
+    evals = {s: {"val_loss": 1.0 / s, "train_loss": 2.0 / s} for s in range(50, 301, 50)}
+
+    def start(step: int, saved: tuple[int, ...] = ()) -> TrialStart:
+        return TrialStart(0, step, saved, {"lr": 0.1, "act": "relu"}, ("val_loss", "train_loss"),
+                          {s: m for s, m in evals.items() if s <= 250}, {}, lambda k, v: None)
+
+    def train(writer: TensorBoardWriter, begin: int, end: int) -> None:
+        for s in range(begin + 50, end + 1, 50):
+            writer.evaluation(0, s, evals[s])
+            if s % 100 == 0:
+                writer.checkpoint(0, s)
+
+    plain = TensorBoardWriter(tmp_path / "plain")
+    plain.start(start(0))
+    train(plain, 0, 300)
+    plain.end(0, "COMPLETE", 100)
+
+    killed = TensorBoardWriter(tmp_path / "killed")
+    killed.start(start(0))
+    train(killed, 0, 250)  # checkpoint at 200; evaluated up to 250 when the kill came
+    folder = run_dir(tmp_path / "killed", 0)
+    with open(next(folder.glob("*tfevents*")), "ab") as fh:
+        fh.write(b"\x40\x00\x00\x00\x00\x00\x00\x00half")  # a record the kill cut short
+    resumed = TensorBoardWriter(tmp_path / "killed")
+    resumed.start(start(200, saved=(100, 200)))
+    train(resumed, 200, 300)
+    resumed.end(0, "COMPLETE", 100)
+
+    assert len(list(folder.glob("*tfevents*"))) == 1
+    assert _tb_events(folder) == _tb_events(run_dir(tmp_path / "plain", 0))
+    assert [s for t, s, _ in _tb_events(folder) if t == "val_loss"] == list(range(50, 301, 50))
+
+
+def test_tracker_a_failing_writer_is_skipped_with_one_warning_until_the_trial_starts_again(monkeypatch, caplog):
+    from sweep import tracking
+
+    monkeypatch.setattr(tracking, "RETRY_S", 0.0)
+    seen: list[tuple[str, int]] = []
+
+    class Flaky:  # away for the steps before 200
+        def start(self, trial):
+            seen.append(("start", trial))
+
+        def evaluation(self, number, step, metrics):
+            seen.append(("evaluation", step))
+            if step < 200:
+                raise ConnectionError("server away")
+
+        def checkpoint(self, number, step): ...
+
+        def end(self, number, state, best_step): ...
+
+        def close(self): ...
+
+    tracker = tracking.Tracker([("flaky", Flaky)])
+    for trial in (0, 1):
+        tracker.put("start", trial, trial)
+        tracker.put("evaluation", trial, trial, 50, {})
+        tracker.put("evaluation", trial, trial, 100, {})  # skipped: trial's writer failed twice
+    tracker.put("start", 1, 1)  # the trial starts again (a resume): its events go out again
+    tracker.put("evaluation", 1, 1, 200, {})
+    assert tracker.close(30)
+    tried_twice = [("evaluation", 50)] * 2  # then the trial's step 100 is not tried
+    assert seen == [("start", 0), *tried_twice, ("start", 1), *tried_twice, ("start", 1), ("evaluation", 200)]
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "flaky: trial 0: evaluation failed twice (ConnectionError: server away)" in \
+        warnings[0].getMessage()
