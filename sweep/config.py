@@ -14,11 +14,12 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 from sweep import config_errors, credentials, space, study_yaml
+from sweep.config_space import PARAM_MODELS, Param, Scalar, StrictModel
 from sweep import objectives as objectives_lib
 from sweep.constraints import Constraint
 from sweep.objectives import Objective
@@ -39,98 +40,10 @@ PRUNER_CLASSES = {
 }
 SamplerName = Literal[tuple(SAMPLER_CLASSES)]  # type: ignore[valid-type]
 PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
-Scalar = Union[None, bool, int, float, str]
-MAX_EXACT = 2 ** 53  # the largest magnitude a float64 (Optuna's stored parameter) holds exactly
 MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
-# A parameter's condition (sweep/space.py): parameter name -> the value, or the values, it must have.
-When = Annotated[dict[str, Union[Scalar, Annotated[list[Scalar], Field(min_length=1)]]], Field(min_length=1)]
 
 
-class _Model(BaseModel):
-    # strict: YAML `n_trials: "20"` or `steps: true` is a mistake, not something to coerce.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class FloatParam(_Model):
-    type: Literal["float"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: Annotated[float, Field(gt=0)] | None = None
-    # Or an explicit list (a grid over a log scale, say): sampled as a choice among them.
-    values: Annotated[list[float], Field(min_length=1)] | None = None
-    when: When | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> FloatParam:
-        _check_values_or_range(self.values, self.low, self.high, self.log, self.step)
-        return self
-
-
-class IntParam(_Model):
-    type: Literal["int"]
-    low: int | None = None
-    high: int | None = None
-    log: bool = False
-    step: Annotated[int, Field(ge=1)] = 1
-    values: Annotated[list[int], Field(min_length=1)] | None = None
-    when: When | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> IntParam:
-        _check_values_or_range(self.values, self.low, self.high, self.log, None if self.step == 1 else self.step)
-        return self
-
-
-def _check_values_or_range(values: list[Any] | None, low: Any, high: Any, log: bool, step: Any) -> None:
-    """A number parameter is either a list of values or a valid range (low, high[, log, step])."""
-    if values is None:
-        for name, value in (("low", low), ("high", high)):
-            if value is None:
-                raise ValueError(f"{name}: is required (or give the parameter's values as a list), got None")
-        _check_range(low, high, log, step)
-        return
-    given = [name for name, value in (("low", low), ("high", high), ("step", step)) if value is not None]
-    if given or log:
-        raise ValueError(f"values: cannot be combined with {', '.join(given or ['log'])}; give a list or a range, "
-                         f"got {values!r}")
-    if not all(abs(v) <= MAX_EXACT for v in values):
-        raise ValueError(f"values: must be finite numbers of magnitude at most 2**53, got {values!r}")
-    if len(set(values)) != len(values):
-        raise ValueError(f"values: must not repeat a value, got {values!r}")
-
-
-class CategoricalParam(_Model):
-    type: Literal["categorical"]
-    choices: Annotated[list[Scalar], Field(min_length=1)]
-    when: When | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> CategoricalParam:
-        if len(set(map(repr, self.choices))) != len(self.choices):
-            raise ValueError(f"choices: must not repeat a value, got {self.choices!r}")
-        return self
-
-
-def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
-    for name, value in (("low", low), ("high", high), ("step", step)):
-        # Optuna keeps every parameter as a 64-bit float: an int past 2**53 is not itself there.
-        # Compared before any float() conversion: a huge int would overflow it; NaN compares False.
-        if value is not None and not abs(value) <= MAX_EXACT:
-            raise ValueError(f"{name}: must be a finite number of magnitude at most 2**53, got {value!r}")
-    if not low < high:
-        raise ValueError(f"low: must be < high ({high!r}): the range is empty or inverted, got {low!r}")
-    if log and low <= 0:
-        raise ValueError(f"low: must be > 0 when log is true, got {low!r}")
-    if log and step is not None:
-        raise ValueError(f"step: cannot be combined with log: true, got {step!r}")
-
-
-Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
-PARAM_MODELS = {"float": FloatParam, "int": IntParam, "categorical": CategoricalParam}  # by their `type` tag
-
-
-class Sampler(_Model):
+class Sampler(StrictModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = sampler kwargs
     type: SamplerName = "tpe"
     seed: int = 0
@@ -140,7 +53,7 @@ class Sampler(_Model):
         return dict(self.model_extra or {})
 
 
-class Pruner(_Model):
+class Pruner(StrictModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = pruner kwargs
     type: PrunerName = "none"
 
@@ -149,7 +62,7 @@ class Pruner(_Model):
         return dict(self.model_extra or {})
 
 
-class Train(_Model):
+class Train(StrictModel):
     steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
     eval_every: Annotated[int, Field(ge=1, le=MAX_STEP)]
     seed: int = 0
@@ -166,7 +79,7 @@ class Train(_Model):
 DEFAULT_WRITE_SHARE = 0.03
 
 
-class Checkpoint(_Model):
+class Checkpoint(StrictModel):
     every_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
     keep_last: Annotated[int, Field(ge=1)] = 2
@@ -205,7 +118,7 @@ class Checkpoint(_Model):
         return self
 
 
-class Parallel(_Model):
+class Parallel(StrictModel):
     n_jobs: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # auto: one worker per device slot (sweep/slots.py)
     trials_per_device: Annotated[int, Field(ge=1)] = 1  # workers sharing each slot's devices (GPU memory / M each)
     # A worker on another host that stopped renewing its claims this long ago is taken for dead.
@@ -232,11 +145,11 @@ class Parallel(_Model):
         return self
 
 
-class WarmStart(_Model):
+class WarmStart(StrictModel):
     study: Annotated[str, Field(min_length=1)]  # another study file, relative to the current directory
 
 
-class Logging(_Model):
+class Logging(StrictModel):
     """Where training curves go besides Optuna's storage (sweep/tracking.py); steers, never defines, a trial."""
 
     # true: <workdir>/tensorboard; a string: that folder (relative to the current directory).
@@ -256,7 +169,7 @@ class Logging(_Model):
         return self
 
 
-class StudyFile(_Model):
+class StudyFile(StrictModel):
     name: Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
     trial: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
     storage: str | None = None

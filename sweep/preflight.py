@@ -15,7 +15,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from sweep import compiled, space, stream
-from sweep.config import CategoricalParam, Config
+from sweep.config import Config
+from sweep.config_space import CategoricalParam
 from sweep.errors import ConfigError
 from sweep.state import data_seed, initial_state, run_hyperparameters
 from sweep.trial_guard import DataTimeout, TrialExit, exit_message, guarded

@@ -18,7 +18,8 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial
 
-from sweep.config import PRUNER_CLASSES, SAMPLER_CLASSES, CategoricalParam, Config, FloatParam, IntParam
+from sweep.config import PRUNER_CLASSES, SAMPLER_CLASSES, Config
+from sweep.config_space import CategoricalParam, FloatParam, IntParam
 from sweep import space
 from sweep.errors import ConfigError
 from sweep.words import count

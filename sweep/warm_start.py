@@ -24,7 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import config as config_lib
 from sweep import constraints as constraints_lib
 from sweep import space
-from sweep.config import CategoricalParam, Config, FloatParam
+from sweep.config import Config
+from sweep.config_space import CategoricalParam, FloatParam
 from sweep.errors import ConfigError
 from sweep.record import METRICS, WARM_START, WARM_STARTED, is_warm_start
 from sweep.session import Session
