@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,13 +21,22 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 # A fast digits study: ~1 s per trial on 2 cores, with evaluations, saves and a pruner to exercise.
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # One of the PostgreSQL tests restarts the server: under pytest-xdist (-n 2, pyproject.toml)
-    # every test on that server runs on the same worker, one after another.
-    for item in items:
-        module = getattr(item, "module", None)
-        if "postgres_url" in getattr(item, "fixturenames", ()) or hasattr(module, "PG_ADMIN_URL"):
-            item.add_marker(pytest.mark.xdist_group("postgres"))
+_POSTGRES_TURNS = Path(tempfile.gettempdir()) / "sweep-tests-postgres.lock"
+
+
+@pytest.fixture(autouse=True)
+def _postgres_turns(request: pytest.FixtureRequest) -> Any:
+    """Tests on the local PostgreSQL server share it, except one that restarts it: that one holds an
+    exclusive lock, the others a shared one, across the suite's processes (-n 2 in pyproject.toml).
+    A file lock because pytest-xdist's xdist_group does not group tests under pytest 9."""
+    uses = "postgres_url" in request.fixturenames or hasattr(request.module, "PG_ADMIN_URL")
+    if not uses:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("restarts_postgres") is not None
+    with open(_POSTGRES_TURNS, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
 
 
 BASE_STUDY: dict[str, Any] = {

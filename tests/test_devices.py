@@ -136,7 +136,7 @@ def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_on
     from test_workers import _loky_children
 
     settings = dict(n_trials=5, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
-                    train={"steps": 40000, "eval_every": 5000}, checkpoint={"every_steps": 10000})
+                    train={"steps": 20000, "eval_every": 2500}, checkpoint={"every_steps": 5000})
     reference = write_study("reference.yaml", name="ref", **settings)
     assert Running("run", reference, cwd=reference.parent, env=FOUR).finish() == 0
     study = write_study(**settings)
@@ -144,7 +144,7 @@ def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_on
     m = proc.wait_for(r"trial (\d+): on (cpu:[123])\n")  # a trial in a helper process (cpu:0 is this one's)
     number, slot = int(m.group(1)), m.group(2)
     victim = int(proc.wait_for(rf"worker process (\d+): devices {slot}\n").group(1))
-    wait_for_checkpoint(checkpoint_dir(study, number), 10000)  # mid-trial
+    wait_for_checkpoint(checkpoint_dir(study, number), 5000)  # mid-trial: 15,000 steps to go
     assert victim in _loky_children(proc.proc.pid)
     mark = len(proc.lines)
     os.kill(victim, signal.SIGKILL)

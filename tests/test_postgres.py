@@ -68,6 +68,7 @@ def restart_postgres() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.restarts_postgres
 def test_a_postgres_restart_mid_trial_is_waited_for_and_the_study_stays_bit_identical(
         write_study, postgres_url, reference):
     settings = dict(n_trials=2, train={"steps": 3000, "eval_every": 50}, checkpoint={"every_steps": 500}, **RANDOM)
