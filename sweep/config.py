@@ -160,6 +160,22 @@ class Pruner(_Model):
         return dict(self.model_extra or {})
 
 
+class Scheduler(_Model):
+    """Asynchronous successive halving that pauses and promotes trials (sweep/asha.py,
+    docs/schedulers.md): rungs at min_steps * reduction_factor**k below train.steps."""
+    type: Literal["asha"]
+    min_steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
+    reduction_factor: Annotated[int, Field(ge=2)] = 3
+
+    def rungs(self, steps: int) -> list[int]:
+        """The rung steps below `steps` (a trial's last step is no rung: it ends there)."""
+        out, rung = [], self.min_steps
+        while rung < steps:
+            out.append(rung)
+            rung *= self.reduction_factor
+        return out
+
+
 class Train(_Model):
     steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
     eval_every: Annotated[int, Field(ge=1, le=MAX_STEP)]
@@ -258,6 +274,7 @@ class StudyFile(_Model):
     objective: Objective
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
+    scheduler: Scheduler | None = None  # pause-and-promote (sweep/asha.py); None: every trial trains to the end
     # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
     search_space: dict[str, Param] | None = None
     enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
@@ -266,6 +283,22 @@ class StudyFile(_Model):
     train: Train
     checkpoint: Checkpoint = Checkpoint()
     parallel: Parallel = Parallel()
+
+    @model_validator(mode="after")
+    def _check_scheduler(self) -> StudyFile:
+        s = self.scheduler
+        if s is None:
+            return self
+        if self.pruner.type != "none":
+            raise ValueError(f"pruner.type: must be none with scheduler {s.type} (the scheduler pauses trials and "
+                             f"promotes them later; an Optuna pruner would end them for good), got {self.pruner.type!r}")
+        if s.min_steps >= self.train.steps:
+            raise ValueError(f"scheduler.min_steps: must be < train.steps ({self.train.steps}): the first rung comes "
+                             f"before a trial's last step, got {s.min_steps}")
+        if s.min_steps % self.train.eval_every:
+            raise ValueError(f"scheduler.min_steps: must be a multiple of train.eval_every ({self.train.eval_every}): "
+                             f"a trial pauses at an evaluation, got {s.min_steps}")
+        return self
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -185,8 +185,37 @@ class Session:
         legacy = {f"trial:{t._trial_id}": t.number for t in running}
         return live | {legacy[k] for k in self.claims.live_owners(legacy)}
 
-    def ask(self) -> optuna.Trial:
-        return self.study.ask()
+    def ask(self, keep_waiting: Collection[int] = ()) -> optuna.Trial:
+        """`study.ask()`: the oldest WAITING trial (enqueued), else a new one; but never one of the
+        WAITING trials numbered in `keep_waiting` (paused ones, sweep/asha.py), which Optuna's
+        `ask` would pop like any other."""
+        if not keep_waiting:
+            return self.study.ask()
+        for t in self.trials((TrialState.WAITING,)):
+            if t.number not in keep_waiting and self.set_state(t.number, TrialState.RUNNING):
+                trial_id = t._trial_id  # the id Optuna's Trial takes (study.ask pops it alike)
+                break
+        else:
+            # What study.ask does past its pop: the trial through the study's cached storage,
+            # whose trial cache the study's readers use.
+            trial_id = self.study._storage.create_new_trial(self.study_id)  # noqa: SLF001
+        self.study._thread_local.cached_all_trials = None  # noqa: SLF001 - study.ask resets it too
+        return optuna.Trial(self.study, trial_id)
+
+    def set_trial_attr(self, number: int, key: str, value: Any) -> None:
+        """Set a user attribute of unfinished trial `number`, a WAITING one too (which has no
+        `optuna.Trial` to set it through)."""
+        self.storage.set_trial_user_attr(self._trial_id(number), key, value)
+
+    def set_state(self, number: int, state: TrialState, value: float | None = None) -> bool:
+        """Set trial `number`'s state (and value) in one storage write; False where Optuna refuses:
+        RUNNING is only set on a WAITING trial (atomic: the row is locked), a finished trial is never
+        changed. Optuna's `tell` cannot finish a WAITING trial, nor put a RUNNING one back to WAITING."""
+        try:
+            return self.storage.set_trial_state_values(self._trial_id(number), state,
+                                                       None if value is None else [value])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
 
     def seed_number(self, number: int) -> int:
         """The trial number whose keys and data order trial `number` uses (its own)."""

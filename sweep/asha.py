@@ -1,0 +1,123 @@
+"""Pause-and-promote asynchronous successive halving (ASHA): where a trial pauses, which paused
+trial goes on next, and how the paused trials end. Every decision reads only the stored study.
+
+A trial trains to its rung (`scheduler.min_steps * reduction_factor**k`, below train.steps), is
+checkpointed at exactly that step and paused: Optuna's WAITING state (not RUNNING, which a
+sampler's constant liar would count for ever; not finished, since it may go on) with its rungs
+in the `paused_at` user attribute (sweep/record.py). A free worker promotes, from the top rung
+down, the best paused trial whose value at its rung ranks in the top 1/reduction_factor of the
+trials that reached that rung; it resumes from its rung checkpoint to the next rung or the end.
+Only where none is promotable does the worker start a new trial. Once n_trials have started and
+nothing is promotable or running, the paused trials end PRUNED with their rung value; a study
+with no COMPLETE trial by then first promotes its best paused trial of the highest rung, so that
+it has a best trial. docs/schedulers.md says it for users.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.config import Config
+from sweep.record import (BEST_STEP, BEST_VALUE, LAST_STEP, METRICS, PAUSED_AT, RUNG_TARGET, best_of_reports,
+                          metrics_at, paused_rung)
+from sweep.session import Session
+
+log = logging.getLogger("sweep")
+
+
+@dataclasses.dataclass(frozen=True)
+class Promotion:
+    """Paused trial `number` goes on from its rung `rung` to step `to` (the next rung or the end)."""
+    number: int
+    rung: int
+    to: int
+    value: float  # its value at the rung
+    rank: int  # its place among the trials that reached the rung (0: best)
+    reached: int  # how many trials reached the rung
+
+
+def rungs(config: Config) -> list[int]:
+    """The study's rung steps, ascending ([] without a scheduler)."""
+    s = config.study.scheduler
+    return s.rungs(config.study.train.steps) if s is not None else []
+
+
+def pause_at(config: Config, trial: FrozenTrial) -> int | None:
+    """The step `trial` pauses at in this run; None where it trains to the end. A new trial goes to
+    the first rung, a promoted one to the step its promotion recorded (`rung_target`)."""
+    levels = rungs(config)
+    if not levels:
+        return None
+    target = int(trial.user_attrs.get(RUNG_TARGET, levels[0]))
+    return target if target < config.study.train.steps else None
+
+
+def paused(trials: Sequence[FrozenTrial]) -> list[int]:
+    return [t.number for t in trials if paused_rung(t) is not None]
+
+
+def next_promotion(config: Config, trials: Sequence[FrozenTrial], relaxed: bool = False) -> Promotion | None:
+    """The paused trial to promote now, from the top rung down: at each rung the trials that
+    reported there are ranked by their value at it (ties: the lower number); a paused one ranked
+    below floor(reached / reduction_factor) goes on, the best first. `relaxed`: every paused one
+    may go (the best of the highest rung that has one)."""
+    s = config.study.scheduler
+    if s is None:
+        return None
+    sign, levels = config.study.objective.sign, rungs(config)
+    for i in reversed(range(len(levels))):
+        rung = levels[i]
+        reached = sorted((t for t in trials if rung in t.intermediate_values),
+                         key=lambda t: (sign * t.intermediate_values[rung], t.number))
+        top = len(reached) if relaxed else len(reached) // s.reduction_factor
+        for rank, t in enumerate(reached[:top]):
+            if paused_rung(t) == rung:
+                to = levels[i + 1] if i + 1 < len(levels) else config.study.train.steps
+                return Promotion(t.number, rung, to, t.intermediate_values[rung], rank, len(reached))
+    return None
+
+
+def promote(session: Session, promotion: Promotion) -> bool:
+    """Under the ask lock: record where the trial trains to, then take it WAITING -> RUNNING (one
+    locked row update). A kill between the two leaves it paused; the same decision is made again."""
+    session.set_trial_attr(promotion.number, RUNG_TARGET, promotion.to)
+    if not session.set_state(promotion.number, TrialState.RUNNING):
+        return False
+    log.info("trial %d: promoted from rung %d (%s=%r, rank %d of %d), trains on to step %d", promotion.number,
+             promotion.rung, session.config.study.objective.metric, promotion.value, promotion.rank + 1,
+             promotion.reached, promotion.to)
+    return True
+
+
+def pause(session: Session, number: int, step: int) -> None:
+    """Trial `number` reached its rung `step` (its checkpoint there is on disk): record the rung,
+    then RUNNING -> WAITING. A kill between the two leaves it interrupted at its rung: the next run
+    restores it there, evaluates it again (bit-identical) and pauses it here."""
+    done = list(session.trial(number).user_attrs.get(PAUSED_AT, []))
+    if not done or done[-1] != step:
+        session.set_trial_attr(number, PAUSED_AT, [*done, step])
+    session.set_state(number, TrialState.WAITING)
+    log.info("trial %d: paused at rung %d, %s=%r", number, step, session.config.study.objective.metric,
+             session.trial(number).intermediate_values[step])
+
+
+def finish_paused(session: Session, trials: Sequence[FrozenTrial]) -> None:
+    """End every paused trial PRUNED with its value at its rung (Optuna's value of a pruned trial:
+    its last report), its best step recorded as for any finished trial."""
+    config = session.config
+    metric, direction = config.study.objective.metric, config.study.objective.direction
+    for t in trials:
+        rung = paused_rung(t)
+        if rung is None:
+            continue
+        best_step, best_value = best_of_reports(t.intermediate_values, direction) or (rung, t.intermediate_values[rung])
+        for key, value in ((BEST_STEP, best_step), (BEST_VALUE, best_value), (LAST_STEP, rung),
+                           (METRICS, metrics_at(t, best_step, metric))):
+            session.set_trial_attr(t.number, key, value)
+        if session.set_state(t.number, TrialState.PRUNED, t.intermediate_values[rung]):
+            log.info("trial %d: paused at rung %d and not promoted: pruned, %s=%r at step %d (best)", t.number, rung,
+                     metric, best_value, best_step)
