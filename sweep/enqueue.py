@@ -35,12 +35,12 @@ def ask(session: Session, states: Mapping[int, TrialState], paused: Collection[i
     """Under the ask lock: the oldest enqueued WAITING trial (never a `paused` one), else the study
     file's next `enqueue` entry while fewer than n_trials trials count, else None (ask a sampled one)."""
     if waiting(states, paused):
-        return session.ask(keep_waiting=paused)
+        return session.ask()
     index = next_index(session)
     if index is None or counted(states, paused) >= session.config.study.n_trials:
         return None
     session.study.enqueue_trial(dict(session.config.study.enqueue[index]), user_attrs={INDEX_ATTR: index})
-    return session.ask(keep_waiting=paused)
+    return session.ask()
 
 
 def next_index(session: Session) -> int | None:

@@ -110,7 +110,7 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
             if paused and not session.running():  # nothing can make a paused trial promotable now
                 asha.finish_paused(session, trials)
             return None
-        trial = session.ask(keep_waiting=paused)
+        trial = session.ask()
     claims.try_take(claims.key(trial.number))
     trial.set_user_attr(CHECKPOINT_DIR, str(config.checkpoint_dir(trial.number)))
     trial.set_user_attr(RESUMES_ATTR, 0)
@@ -201,7 +201,8 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         elif outcome.state == "PAUSED":
-            asha.pause(session, claimed.number, outcome.last_step)
+            with claims.ask_lock():  # the decisions of other workers see it running or paused, never between
+                asha.pause(session, claimed.number, outcome.last_step)
             return  # not finished: its checkpoints stay, its claim is released (finally)
         elif outcome.state == "COMPLETE":
             session.study.tell(trial, outcome.best_value, skip_if_finished=True)

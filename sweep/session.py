@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -22,6 +22,7 @@ from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
 from sweep.errors import StudyNotFound
+from sweep.record import paused_rung
 from sweep.storage import has_claims, initialised, load_study, open_storage, workdir_lock
 
 REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
@@ -185,14 +186,14 @@ class Session:
         legacy = {f"trial:{t._trial_id}": t.number for t in running}
         return live | {legacy[k] for k in self.claims.live_owners(legacy)}
 
-    def ask(self, keep_waiting: Collection[int] = ()) -> optuna.Trial:
-        """`study.ask()`: the oldest WAITING trial (enqueued), else a new one; but never one of the
-        WAITING trials numbered in `keep_waiting` (paused ones, sweep/asha.py), which Optuna's
-        `ask` would pop like any other."""
-        if not keep_waiting:
+    def ask(self) -> optuna.Trial:
+        """`study.ask()`: the oldest WAITING trial (enqueued), else a new one. With a scheduler,
+        never a paused trial (WAITING too, sweep/asha.py), which Optuna's `ask` would pop like any
+        other: the WAITING trials are read afresh here and the paused ones left alone."""
+        if self.config.study.scheduler is None:
             return self.study.ask()
         for t in self.trials((TrialState.WAITING,)):
-            if t.number not in keep_waiting and self.set_state(t.number, TrialState.RUNNING):
+            if paused_rung(t) is None and self.set_state(t.number, TrialState.RUNNING):
                 trial_id = t._trial_id  # the id Optuna's Trial takes (study.ask pops it alike)
                 break
         else:

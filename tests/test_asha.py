@@ -57,6 +57,19 @@ def _history(path: Path) -> list[tuple[Any, ...]]:
             for t in sorted(study_of(path).trials, key=lambda t: t.number)]
 
 
+def _check_pauses(trials: list[Any]) -> None:
+    """Every trial paused at its rungs in order; each promotion resumed from its rung checkpoint
+    (which retention kept), no step trained twice; a trial left paused ends PRUNED at its rung."""
+    for t in trials:
+        rungs = t.user_attrs["paused_at"]
+        assert all(r in (100, 200) for r in rungs) and rungs == sorted(set(rungs)), (t.number, rungs)
+        if t.state.name == "PRUNED":  # never promoted past its last rung: its value is its rung value
+            assert t.value == t.intermediate_values[rungs[-1]] and max(t.intermediate_values) == rungs[-1]
+        assert t.user_attrs.get("resumed_from", []) == (rungs if t.state.name == "COMPLETE" else rungs[:-1]), (
+            t.number, rungs, t.user_attrs.get("resumed_from"))
+        assert t.user_attrs["ledger"]["lost_steps"] == 0
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = _write(tmp_path_factory.mktemp("asha"))
@@ -73,14 +86,7 @@ def test_asha_pauses_promotes_and_a_promoted_trial_equals_a_straight_run(uninter
     assert len(paused) == 5  # every trial paused at its first rung
     promoted = [t for t in trials if t.user_attrs.get("resumed_from")]
     assert promoted and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
-    for t in trials:
-        rungs = t.user_attrs["paused_at"]
-        assert all(r in (100, 200) for r in rungs) and rungs == sorted(set(rungs))
-        if t.state.name == "PRUNED":  # never promoted past its last rung: its value is its rung value
-            assert t.value == t.intermediate_values[rungs[-1]] and max(t.intermediate_values) == rungs[-1]
-        # Each promotion resumed from the rung checkpoint, which retention kept; no step trained twice.
-        assert t.user_attrs.get("resumed_from", []) == (rungs if t.state.name == "COMPLETE" else rungs[:-1])
-        assert t.user_attrs["ledger"]["lost_steps"] == 0
+    _check_pauses(trials)
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     assert complete and all(t.user_attrs["paused_at"] == [100, 200] for t in complete)
     # The promoted trial, bit for bit, as the same params trained straight through without a scheduler.
@@ -114,6 +120,21 @@ def test_asha_kill9_then_same_command_equals_an_uninterrupted_run(uninterrupted,
     again = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
     assert again.returncode == 0, again.stderr
     assert _history(path) == _history(uninterrupted)
+
+
+@pytest.mark.slow
+def test_asha_two_workers_never_take_a_paused_trial_as_new(uninterrupted, tmp_path):
+    """Two workers: a trial pauses under the study's ask lock and sweep's ask never pops a paused
+    trial, so no worker takes one as a WAITING trial of its own (seen once before both: the trial
+    trained again from its rung). A race: this run may pass without them; it checks the rest."""
+    path = _write(tmp_path, n_trials=6, parallel={"n_jobs": 2})
+    result = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
+    assert result.returncode == 0, result.stderr
+    trials = sorted(study_of(path).trials, key=lambda t: t.number)
+    assert len(trials) == 6 and any(t.state.name == "COMPLETE" for t in trials)
+    _check_pauses(trials)
+    for t in trials:
+        assert result.stderr.count(f"trial {t.number}: started with params") == 1, result.stderr
 
 
 @pytest.mark.slow
