@@ -103,6 +103,7 @@ def test_asha_pauses_promotes_and_a_promoted_trial_equals_a_straight_run(uninter
 
 @pytest.mark.slow
 def test_asha_kill9_then_same_command_equals_an_uninterrupted_run(uninterrupted, tmp_path, capsys):
+    """Killed as a trial is promoted, then as one pauses at the top rung: the same study."""
     path = _write(tmp_path)
     proc = Running("run", path, cwd=tmp_path, env=_cache(uninterrupted))
     proc.wait_for(r"trial \d+: promoted from rung 100")
@@ -117,6 +118,10 @@ def test_asha_kill9_then_same_command_equals_an_uninterrupted_run(uninterrupted,
     assert main(["plan", str(path)]) == 0
     plan = capsys.readouterr().out
     assert f"  paused:  trial {paused[0]['number']} at step {paused[0]['rung']}" in plan, plan
+    # Killed again, at another moment: as a trial pauses at the top rung, or just after.
+    proc = Running("run", path, cwd=tmp_path, env=_cache(uninterrupted))
+    proc.wait_for(r"trial \d+: paused at rung 200")
+    kill9(proc)
     again = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
     assert again.returncode == 0, again.stderr
     assert _history(path) == _history(uninterrupted)
