@@ -11,6 +11,10 @@ Only where none is promotable does the worker start a new trial. Once n_trials h
 nothing is promotable or running, the paused trials end PRUNED with their rung value; a study
 with no COMPLETE trial by then first promotes its best paused trial of the highest rung, so that
 it has a best trial. docs/schedulers.md says it for users.
+
+Hyperband (`type: hyperband`) runs brackets of the same: with rungs r0 < r1 < ... < rK-1, bracket
+b starts its trials at rung rb (bracket K trains them straight to the end); trial N is in bracket
+N mod (K + 1), and a trial is ranked only against the trials of its own bracket.
 """
 
 from __future__ import annotations
@@ -46,14 +50,21 @@ def rungs(config: Config) -> list[int]:
     return s.rungs(config.study.train.steps) if s is not None else []
 
 
+def bracket(config: Config, number: int) -> int:
+    """The bracket of trial `number`: 0 for asha; for hyperband, number mod (rungs + 1)."""
+    s = config.study.scheduler
+    return number % (len(rungs(config)) + 1) if s is not None and s.type == "hyperband" else 0
+
+
 def pause_at(config: Config, trial: FrozenTrial) -> int | None:
     """The step `trial` pauses at in this run; None where it trains to the end. A new trial goes to
-    the first rung, a promoted one to the step its promotion recorded (`rung_target`)."""
-    levels = rungs(config)
+    the first rung of its bracket, a promoted one to the step its promotion recorded (`rung_target`)."""
+    levels, steps = rungs(config), config.study.train.steps
     if not levels:
         return None
-    target = int(trial.user_attrs.get(RUNG_TARGET, levels[0]))
-    return target if target < config.study.train.steps else None
+    b = bracket(config, trial.number)
+    target = int(trial.user_attrs.get(RUNG_TARGET, levels[b] if b < len(levels) else steps))
+    return target if target < steps else None
 
 
 def paused(trials: Sequence[FrozenTrial]) -> list[int]:
@@ -61,23 +72,30 @@ def paused(trials: Sequence[FrozenTrial]) -> list[int]:
 
 
 def next_promotion(config: Config, trials: Sequence[FrozenTrial], relaxed: bool = False) -> Promotion | None:
-    """The paused trial to promote now, from the top rung down: at each rung the trials that
-    reported there are ranked by their value at it (ties: the lower number); a paused one ranked
-    below floor(reached / reduction_factor) goes on, the best first. `relaxed`: every paused one
-    may go (the best of the highest rung that has one)."""
+    """The paused trial to promote now, from the top rung down: at each rung the trials of a
+    bracket that reported there are ranked by their value at it (ties: the lower number); a paused
+    one ranked below floor(reached / reduction_factor) goes on, the best of the rung first.
+    `relaxed`: every paused one may go (the best of the highest rung that has one)."""
     s = config.study.scheduler
     if s is None:
         return None
     sign, levels = config.study.objective.sign, rungs(config)
     for i in reversed(range(len(levels))):
         rung = levels[i]
-        reached = sorted((t for t in trials if rung in t.intermediate_values),
-                         key=lambda t: (sign * t.intermediate_values[rung], t.number))
-        top = len(reached) if relaxed else len(reached) // s.reduction_factor
-        for rank, t in enumerate(reached[:top]):
-            if paused_rung(t) == rung:
+        groups: dict[int, list[FrozenTrial]] = {}
+        for t in trials:
+            if rung in t.intermediate_values:
+                groups.setdefault(bracket(config, t.number), []).append(t)
+        found = []
+        for group in groups.values():
+            reached = sorted(group, key=lambda t: (sign * t.intermediate_values[rung], t.number))
+            top = len(reached) if relaxed else len(reached) // s.reduction_factor
+            rank, t = next(((r, t) for r, t in enumerate(reached[:top]) if paused_rung(t) == rung), (None, None))
+            if t is not None:
                 to = levels[i + 1] if i + 1 < len(levels) else config.study.train.steps
-                return Promotion(t.number, rung, to, t.intermediate_values[rung], rank, len(reached))
+                found.append(Promotion(t.number, rung, to, t.intermediate_values[rung], rank, len(reached)))
+        if found:
+            return min(found, key=lambda p: (sign * p.value, p.number))
     return None
 
 

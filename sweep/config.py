@@ -162,8 +162,9 @@ class Pruner(_Model):
 
 class Scheduler(_Model):
     """Asynchronous successive halving that pauses and promotes trials (sweep/asha.py,
-    docs/schedulers.md): rungs at min_steps * reduction_factor**k below train.steps."""
-    type: Literal["asha"]
+    docs/schedulers.md): rungs at min_steps * reduction_factor**k below train.steps; hyperband:
+    brackets of it, each starting at a higher rung."""
+    type: Literal["asha", "hyperband"]
     min_steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
     reduction_factor: Annotated[int, Field(ge=2)] = 3
 

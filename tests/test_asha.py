@@ -143,6 +143,23 @@ def test_asha_two_workers_never_take_a_paused_trial_as_new(uninterrupted, tmp_pa
 
 
 @pytest.mark.slow
+def test_hyperband_brackets_start_at_their_rungs_and_rank_within_themselves(uninterrupted, tmp_path):
+    """Rungs 100 and 200: bracket 0 (trials 0, 3) starts at 100, bracket 1 (1, 4) at 200,
+    bracket 2 (2, 5) trains straight to 400; a trial is ranked against its own bracket only."""
+    path = _write(tmp_path, n_trials=6, scheduler={"type": "hyperband", "min_steps": 100, "reduction_factor": 2})
+    result = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
+    assert result.returncode == 0, result.stderr
+    trials = sorted(study_of(path).trials, key=lambda t: t.number)
+    straight = [t for t in trials if t.number % 3 == 2]
+    assert all(t.state.name == "COMPLETE" and "paused_at" not in t.user_attrs and max(t.intermediate_values) == 400
+               for t in straight)
+    _check_pauses([t for t in trials if t.number % 3 != 2])
+    assert all(t.user_attrs["paused_at"][0] == (100 if t.number % 3 == 0 else 200) for t in trials if t.number % 3 != 2)
+    # At rung 200 three trials had reported (1 and 4 of bracket 1, 3 of bracket 0); trial 1 ranks among two.
+    assert "trial 1: promoted from rung 200 (" in result.stderr and "rank 1 of 2), trains on to step 400" in result.stderr
+
+
+@pytest.mark.slow
 def test_asha_scheduler_edit_of_a_started_study_is_refused(uninterrupted, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(uninterrupted.parent, copy)
@@ -162,7 +179,8 @@ BAD = [
      "scheduler.min_steps: must be a multiple of train.eval_every (50)"),
     ("unknown-key", {"scheduler": {"type": "asha", "min_steps": 100, "eta": 3}},
      "scheduler.eta: unknown key (allowed: type, min_steps, reduction_factor)"),
-    ("unknown-type", {"scheduler": {"type": "pbt", "min_steps": 100}}, "scheduler.type: must be one of 'asha'"),
+    ("unknown-type", {"scheduler": {"type": "pbt", "min_steps": 100}},
+     "scheduler.type: must be one of 'asha' or 'hyperband', got 'pbt'"),
     ("eta-one", {"scheduler": {"type": "asha", "min_steps": 100, "reduction_factor": 1}},
      "scheduler.reduction_factor: must be >= 2, got 1"),
     ("no-min-steps", {"scheduler": {"type": "asha"}}, "scheduler.min_steps: is required"),
