@@ -90,10 +90,9 @@ def next_promotion(config: Config, trials: Sequence[FrozenTrial], relaxed: bool 
         for group in groups.values():
             reached = sorted(group, key=lambda t: (sign * t.intermediate_values[rung], t.number))
             top = len(reached) if relaxed else len(reached) // s.reduction_factor
-            rank, t = next(((r, t) for r, t in enumerate(reached[:top]) if paused_rung(t) == rung), (None, None))
-            if t is not None:
-                to = levels[i + 1] if i + 1 < len(levels) else config.study.train.steps
-                found.append(Promotion(t.number, rung, to, t.intermediate_values[rung], rank, len(reached)))
+            to = levels[i + 1] if i + 1 < len(levels) else config.study.train.steps
+            found += [Promotion(t.number, rung, to, t.intermediate_values[rung], rank, len(reached))
+                      for rank, t in enumerate(reached[:top]) if paused_rung(t) == rung][:1]
         if found:
             return min(found, key=lambda p: (sign * p.value, p.number))
     return None
