@@ -75,15 +75,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
     from sweep.summary import no_complete_trial
 
-    with api.open(args.study_file) as session:
-        session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
-                    _exit_on_signal=True)
-        print(session.summary())
-        from optuna.trial import TrialState
+    try:
+        with api.open(args.study_file) as session:
+            session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
+                        _exit_on_signal=True)
+            print(session.summary())
+            from optuna.trial import TrialState
 
-        # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
-        if TrialState.COMPLETE not in session._session.trial_states().values():
-            raise SweepError(no_complete_trial(session._session) or "no trial completed")
+            # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
+            if TrialState.COMPLETE not in session._session.trial_states().values():
+                raise SweepError(no_complete_trial(session._session) or "no trial completed")
+    finally:
+        workers.stop_prestarted()  # helpers run never used: it ended early (a study-file error, say)
     return 0
 
 
@@ -132,12 +135,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
         logs.setup(quiet=True)
         index = session.export(args.out, trial=args.trial, include_pruned=args.include_pruned)
     for entry in index["trials"]:
-        print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']} "
+        front = " (Pareto-optimal)" if entry.get("pareto") else ""
+        print(f"trial {entry['number']}: {entry['metric']}={entry['best_value']!r} at step {entry['best_step']}{front} "
               f"-> {Path(args.out) / entry['dir']}")
     for number, why in index.get("removed", {}).items():
         print(f"trial {number}: not exported, its checkpoints were removed ({why})")
     print(f"exported {count(len(index['trials']), 'trial')} of study {session.config.name} to {args.out} "
-          "(best first, index.json)")
+          f"({'Pareto-optimal' if 'objectives' in index else 'best'} first, index.json)")
     return 0
 
 

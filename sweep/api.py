@@ -88,8 +88,11 @@ class StudySession:
         from sweep.signals import StopSignal
         from sweep.workers import dask_client, run_workers
 
+        from sweep import warm_start
+
         config = self.config
         check_config(config)
+        warm_start.check(config)  # the other study exists (nothing created before)
         self._check_before_run()
         # The quick exit of a run still starting up only where this process runs every trial
         # (no helper process or Dask worker whose trials it would cut off).

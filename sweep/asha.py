@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep import enqueue
 from sweep.config import Config
 from sweep.record import (BEST_STEP, BEST_VALUE, LAST_STEP, METRICS, PAUSED_AT, RUNG_TARGET, best_of_reports,
                           metrics_at, paused_rung)
@@ -96,6 +97,21 @@ def next_promotion(config: Config, trials: Sequence[FrozenTrial], relaxed: bool 
         if found:
             return min(found, key=lambda p: (sign * p.value, p.number))
     return None
+
+
+def promote_next(session: Session, states: Mapping[int, TrialState], trials: Sequence[FrozenTrial]) -> int | None:
+    """Under the ask lock: promote the trial `next_promotion` names, if any; its number. Where no
+    trial can start or run any more and none completed, the best paused one of the highest rung
+    goes on (relaxed), so that the study has a best trial."""
+    config, paused_now = session.config, paused(trials)
+    promotion = next_promotion(config, trials)
+    if (promotion is None and paused_now and not enqueue.waiting(states, paused_now) and not session.running()
+            and enqueue.counted(states, paused_now) >= config.study.n_trials
+            and TrialState.COMPLETE not in states.values()):
+        promotion = next_promotion(config, trials, relaxed=True)
+    if promotion is None or not promote(session, promotion):
+        return None
+    return promotion.number
 
 
 def promote(session: Session, promotion: Promotion) -> bool:

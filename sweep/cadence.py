@@ -94,13 +94,17 @@ class Cadence:
         if training <= 0 or spent / training <= COST_WARNING_SHARE:
             return
         self.warned = True
-        asked = self.asked or " and ".join(
-            x for x in (f"every_steps: {self.every_steps}" if self.every_steps else "",
-                        f"every_seconds: {self.every_seconds:g}" if self.every_seconds else "") if x)
+        asked = self.asked or keys_text(self.every_steps, self.every_seconds, " and ")
         log.warning("trial %d: checkpoints at %s take %.0f%% of its training time (%.2f s of %.2f s over %d saves); "
                     "kept as asked. To trade it: a longer checkpoint.every_steps, checkpoint.every_seconds instead, "
                     "or checkpoint.max_write_share (e.g. 0.03) to defer saves while writing exceeds that share",
                     number, asked, 100 * spent / training, spent, training, self.saves)
+
+
+def keys_text(every_steps: int | None, every_seconds: float | None, sep: str) -> str:
+    """The cadence keys as the study file writes them, e.g. "every_steps: 100 and every_seconds: 60"."""
+    return sep.join(x for x in (f"every_steps: {every_steps}" if every_steps else "",
+                                f"every_seconds: {every_seconds:g}" if every_seconds else "") if x)
 
 
 def describe(checkpoint: Checkpoint) -> str:

@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 from sweep import config_errors, credentials, space, study_yaml
+from sweep import objectives as objectives_lib
 from sweep.constraints import Constraint
+from sweep.objectives import Objective
 from sweep.errors import ConfigError
 from sweep.protocol import import_trial, protocol_problems
 
@@ -27,8 +29,10 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 # The study file's sampler and pruner names -> the Optuna class each builds (the one list of them).
 SAMPLER_CLASSES = {
     "tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler",
-    "cmaes": "CmaEsSampler", "qmc": "QMCSampler", "gp": "GPSampler",
+    "cmaes": "CmaEsSampler", "qmc": "QMCSampler", "gp": "GPSampler", "nsga2": "NSGAIISampler",
 }
+sign = objectives_lib.sign  # where readers of the study file look for it
+SINGLE_OBJECTIVE_SAMPLERS = ("cmaes",)  # Optuna's CmaEsSampler raises for a multi-objective study
 PRUNER_CLASSES = {
     "none": "NopPruner", "median": "MedianPruner", "percentile": "PercentilePruner",
     "successive_halving": "SuccessiveHalvingPruner", "hyperband": "HyperbandPruner",
@@ -124,21 +128,6 @@ def _check_range(low: float, high: float, log: bool, step: float | None) -> None
 
 Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
 PARAM_MODELS = {"float": FloatParam, "int": IntParam, "categorical": CategoricalParam}  # by their `type` tag
-
-
-class Objective(_Model):
-    metric: str
-    direction: Literal["minimize", "maximize"] = "minimize"
-
-    @property
-    def sign(self) -> int:
-        """+1 when smaller is better, -1 when larger is: `sign * value` is always minimised."""
-        return sign(self.direction)
-
-
-def sign(direction: str) -> int:
-    """+1 for "minimize", -1 for "maximize" (the one place that maps a direction to a sign)."""
-    return 1 if direction == "minimize" else -1
 
 
 class Sampler(_Model):
@@ -260,6 +249,10 @@ class Parallel(_Model):
         return self
 
 
+class WarmStart(_Model):
+    study: Annotated[str, Field(min_length=1)]  # another study file, relative to the current directory
+
+
 class StudyFile(_Model):
     name: Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
     trial: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
@@ -272,7 +265,10 @@ class StudyFile(_Model):
     storage_retry_seconds: Annotated[float, Field(gt=0)] = 300.0
     # A trial's data() that has not returned after this long fails the trial (sweep/trial_guard.py).
     data_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
-    objective: Objective
+    # One objective, or several (a multi-objective study, sweep/objectives.py); `objective` is then
+    # the first of them, which picks each trial's best step.
+    objective: Objective = None  # type: ignore[assignment]
+    objectives: list[Objective] | None = None
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
     scheduler: Scheduler | None = None  # pause-and-promote (sweep/asha.py); None: every trial trains to the end
@@ -280,16 +276,30 @@ class StudyFile(_Model):
     search_space: dict[str, Param] | None = None
     enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
     constraints: list[Constraint] = []  # on reported metrics (sweep/constraints.py)
+    warm_start: WarmStart | None = None  # another study's trials as observations (sweep/warm_start.py)
     fixed: dict[str, Any] = {}
     train: Train
     checkpoint: Checkpoint = Checkpoint()
     parallel: Parallel = Parallel()
 
     @model_validator(mode="after")
+    def _check_objectives(self) -> StudyFile:
+        objectives_lib.check(self.objective, self.objectives, self.pruner.type)
+        if self.objectives is not None:
+            if self.sampler.type in SINGLE_OBJECTIVE_SAMPLERS:
+                raise ValueError(f"sampler.type: takes one objective only; for several use tpe, nsga2, gp, random, "
+                                 f"qmc or grid, got {self.sampler.type!r}")
+            object.__setattr__(self, "objective", self.objectives[0])  # frozen: set once, here
+        return self
+
+    @model_validator(mode="after")
     def _check_scheduler(self) -> StudyFile:
         s = self.scheduler
         if s is None:
             return self
+        if self.objectives is not None:
+            raise ValueError(f"scheduler.type: takes one objective only (with several, trials report nothing to rank "
+                             f"at a rung), got {s.type!r}")
         if self.pruner.type != "none":
             raise ValueError(f"pruner.type: must be none with scheduler {s.type} (the scheduler pauses trials and "
                              f"promotes them later; an Optuna pruner would end them for good), got {self.pruner.type!r}")
@@ -300,6 +310,15 @@ class StudyFile(_Model):
             raise ValueError(f"scheduler.min_steps: must be a multiple of train.eval_every ({self.train.eval_every}): "
                              f"a trial pauses at an evaluation, got {s.min_steps}")
         return self
+
+    @property
+    def all_objectives(self) -> list[Objective]:
+        """Every objective, in order (one for a single-objective study)."""
+        return list(self.objectives) if self.objectives is not None else [self.objective]
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.objectives is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,6 +428,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         raise config_errors.translate(origin, errors[0], raw, StudyFile, PARAM_MODELS, NAME_PATTERN) from None
     _check_storage(origin, study.storage, raw.get("storage"))
+    _check_warm_start(origin, study.warm_start)
     space.check(origin, study)
     module = _load_trial_module(origin, study)
     config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
@@ -434,6 +454,15 @@ def _check_storage(file: str, url: str | None, text: Any) -> None:
     except ArgumentError:
         raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db",
                           text) from None
+
+
+def _check_warm_start(file: str, warm: WarmStart | None) -> None:
+    if warm is None:
+        return
+    if not os.path.isfile(warm.study):
+        raise ConfigError(file, "warm_start.study", f"must be a study file (relative to {os.getcwd()})", warm.study)
+    if os.path.exists(file) and os.path.samefile(file, warm.study):
+        raise ConfigError(file, "warm_start.study", "must be another study's file, not this one", warm.study)
 
 
 def _load_trial_module(file: str, study: StudyFile) -> Any:
@@ -470,9 +499,11 @@ def _check_names(file: str, study: StudyFile, module: Any) -> None:
         if name in study.fixed:
             raise ConfigError(file, f"fixed.{name}", "is also in search_space; a name is either sampled or fixed")
     metrics = list(module.METRICS)
-    if study.objective.metric not in metrics:
-        raise ConfigError(file, "objective.metric", f"must be a metric of {study.trial} (one of {', '.join(metrics)})",
-                          study.objective.metric)
+    for key, o in ([("objective", study.objective)] if not study.multi_objective else
+                   [(f"objectives.{i}", o) for i, o in enumerate(study.all_objectives)]):
+        if o.metric not in metrics:
+            raise ConfigError(file, f"{key}.metric", f"must be a metric of {study.trial} (one of {', '.join(metrics)})",
+                              o.metric)
     for i, c in enumerate(study.constraints):
         if c.metric not in metrics:
             raise ConfigError(file, f"constraints.{i}.metric", f"must be a metric of {study.trial} (one of "

@@ -43,6 +43,7 @@ def companion_config(config: Config, steps: int, n_trials: int | None = None) ->
                parallel={"n_jobs": 1})
     raw.pop("timeout", None)
     raw.pop("scheduler", None)  # no pause either: the chosen trials train straight on
+    raw.pop("warm_start", None)  # its trials are the chosen ones, continued: no observations added
     return config_lib.from_dict(raw, origin=f"{config.path} (continued to {steps} steps)", env=config.source.env)
 
 
@@ -129,7 +130,7 @@ def choose(session: Session, steps: int, top: int | None, numbers: list[int] | N
     if top is not None:
         if top < 1:
             raise UsageError(f"--top: must be >= 1, got {top}")
-        chosen = sorted(complete, key=lambda t: (config.study.objective.sign * t.value, t.number))[:top]
+        chosen = sorted(complete, key=lambda t: (config.study.objective.sign * t.values[0], t.number))[:top]
         if not chosen:
             raise UsageError(f"study {config.name!r} has no COMPLETE trial to continue")
     else:

@@ -24,6 +24,7 @@ import optuna
 import yaml
 
 from sweep import config as config_lib
+from sweep.cadence import keys_text
 from sweep.checkpoints import newest_step
 from sweep.config import Config
 from sweep.errors import SweepError
@@ -157,8 +158,7 @@ def _compare(ref: optuna.trial.FrozenTrial, got: optuna.trial.FrozenTrial) -> li
 
 def _why_none(config: Config, killed_step: int) -> str:
     c = config.study.checkpoint
-    cadence = " / ".join(x for x in (f"every_steps: {c.every_steps}" if c.every_steps else "",
-                                       f"every_seconds: {c.every_seconds:g}" if c.every_seconds else "") if x)
+    cadence = keys_text(c.every_steps, c.every_seconds, " / ")
     return (f"the trial reached step {killed_step} of {config.study.train.steps} before its checkpoint cadence "
             f"({cadence}) came due; the restart began at step 0")
 

@@ -73,6 +73,13 @@ def provenance(config: Any, trial: FrozenTrial | None = None) -> dict[str, Any]:
             "trial_code_recorded": recorded is not None, "versions": versions}
 
 
+def _values(config: Any, t: FrozenTrial) -> dict[str, float] | None:
+    """{metric: value} of each objective, as the trial was told (None for a PRUNED trial)."""
+    if t.state != TrialState.COMPLETE:
+        return None
+    return dict(zip((o.metric for o in config.study.all_objectives), t.values))
+
+
 def _json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
@@ -110,9 +117,12 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
             f" (the disk budget removed the checkpoints of trials {sorted(skipped)})" if skipped else ""))
     direction, metric = config.study.objective.direction, config.study.objective.metric
     sign = config.study.objective.sign
-    # Best first; with constraints, every feasible trial before the infeasible ones.
-    trials = sorted(trials, key=lambda t: (feasible(t) is False, sign * best_step(t, direction)[1],
-                                           t.number))
+    multi = config.study.multi_objective
+    front = set(session.pareto_numbers()) if multi else set()
+    # Best first; with constraints, every feasible trial before the infeasible ones; with several
+    # objectives, the Pareto-optimal trials first (each group by the first objective).
+    trials = sorted(trials, key=lambda t: (multi and t.number not in front, feasible(t) is False,
+                                           sign * best_step(t, direction)[1], t.number))
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for t in trials:
@@ -128,6 +138,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  "last_step": t.user_attrs.get(LAST_STEP, max(t.intermediate_values, default=step)),
                  "metrics": metrics_at(t, step, metric) or {metric: value},
                  **({"feasible": feasible(t)} if config.study.constraints else {}),
+                 # several objectives: whether it is Pareto-optimal, and each objective's value
+                 **({"pareto": t.number in front, "values": _values(config, t)} if multi else {}),
                  "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
                  "collections": sorted(variables),  # model state beside the params, in state.safetensors
                  # a trial of a companion study: the trial `continue` trained further
@@ -139,6 +151,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
         _write(folder / "meta.json", _json(entry))
         entries.append(entry)
     index = {"study": config.name, "metric": metric, "direction": direction, "trials": entries}
+    if multi:
+        index["objectives"] = [o.model_dump() for o in config.study.all_objectives]
     if skipped:  # finished, but without checkpoints: checkpoint.keep_trials / max_disk removed them
         index["removed"] = {str(n): why for n, why in sorted(skipped.items())}
     _write(out / "index.json", _json(index))

@@ -51,6 +51,10 @@ def meaning(config: Config) -> dict[str, Any]:
         out["enqueue"] = study["enqueue"]
     if study["constraints"]:  # they steer the sampler and decide which trial is best
         out["constraints"] = study["constraints"]
+    if study["objectives"] is not None:  # what each trial is told (objective.* is the first of them)
+        out["objectives"] = study["objectives"]
+    if study["warm_start"] is not None:  # the observations the sampler starts from
+        out["warm_start"] = study["warm_start"]
     out.update({f"fixed.{k}": v for k, v in study["fixed"].items()})
     return out
 
@@ -129,7 +133,8 @@ def code_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
 
 
 def _order(key: str) -> tuple[int, str]:
-    sections = ("trial", "search_space", "enqueue", "fixed", "train", "objective", "constraints", "sampler")
+    sections = ("trial", "search_space", "enqueue", "fixed", "train", "objective", "objectives", "constraints",
+                "warm_start", "sampler")
     return sections.index(key.split(".")[0]) if key.split(".")[0] in sections else len(sections), key
 
 

@@ -79,7 +79,8 @@ def make(session: Session) -> Plan:
         # WAITING trials run first and then count: new ones fill up to n_trials after them.
         new=(new := max(0, config.study.n_trials - enqueue.counted(states, paused)
                         - len(enqueue.waiting(states, paused)))),
-        first_new=max(states, default=-1) + 1,
+        # (warm-start observations take numbers too, though they are no trials of sweep's)
+        first_new=max(max(states, default=-1) + 1, session.storage.get_n_trials(session.study_id)),
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),
@@ -196,6 +197,9 @@ def _how(config: Config, plan: Plan) -> str:
 def _space_lines(config: Config, plan: Plan) -> list[str]:
     """The file's enqueue entries still to run, and the conditional parameters (plan's lines)."""
     lines = [f"  enqueue: {json.dumps(entry)}" for entry in plan.entries]
+    if config.study.warm_start is not None:
+        lines.append(f"  warm:    the COMPLETE trials of {config.study.warm_start.study} are the sampler's first "
+                     "observations (added once; never trained, counted or exported)")
     search_space = config.study.search_space
     if search_space is None:
         return [*lines, f"  space:   define-by-run, {config.study.trial}.search_space(trial)"]

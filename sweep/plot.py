@@ -8,6 +8,7 @@ because no library knows where its checkpoints and resumes are: markers at the k
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Callable, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.record import BEST_STEP, RESUMED_FROM, best_of_reports, checkpoint_folder, history
+from sweep.record import BEST_STEP, RESUMED_FROM, best_of_reports, checkpoint_folder, history, reports
 from sweep.checkpoints import kept_steps
 from sweep.config import Config
 from sweep.errors import SweepError
@@ -32,11 +33,12 @@ def plot(session: Session, out: Path) -> list[Path]:
     matplotlib.use("Agg")  # files only, no screen
     config = session.open(create=False).config
     study = session.study
-    trials = [t for t in session.trials() if t.intermediate_values or t.state == TrialState.COMPLETE]
+    trials = [_with_reports(config, t) for t in session.trials()]
+    trials = [t for t in trials if t.intermediate_values or t.state == TrialState.COMPLETE]
     if not trials:
         raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
-    written = _study_figures(study, out)
+    written = _study_figures(study, out, config)
     remote = session.remote_steps(t.number for t in trials) or {}  # checkpoints kept in the bucket
     for t in sorted(trials, key=lambda t: t.number):
         if t.intermediate_values:
@@ -44,7 +46,19 @@ def plot(session: Session, out: Path) -> list[Path]:
     return written
 
 
-def _study_figures(study: optuna.Study, out: Path) -> list[Path]:
+def _with_reports(config: Config, t: FrozenTrial) -> FrozenTrial:
+    """`t`, or for a multi-objective trial (it reports nothing to Optuna) a copy whose intermediate
+    values are the first objective's `eval:<step>` records: its learning curve."""
+    if not config.study.multi_objective or t.intermediate_values:
+        return t
+    shown = copy.copy(t)  # shallow: the storage's trial itself is shared (Session.trials)
+    shown.intermediate_values = reports(t, config.study.objective.metric)
+    return shown
+
+
+def _study_figures(study: optuna.Study, out: Path, config: Config) -> list[Path]:
+    import functools
+
     from optuna import visualization as vis
     from optuna.visualization import matplotlib as vis_mpl
 
@@ -54,11 +68,22 @@ def _study_figures(study: optuna.Study, out: Path) -> list[Path]:
         ("param_importances", vis.plot_param_importances, vis_mpl.plot_param_importances),
         ("parallel_coordinate", vis.plot_parallel_coordinate, vis_mpl.plot_parallel_coordinate),
     ]
+    if config.study.multi_objective:
+        # Several objectives: Optuna's Pareto-front figure, and the others of the first objective
+        # (they take one target; nothing is reported per step, so no intermediate values).
+        first = {"target": lambda t: t.values[0], "target_name": config.study.objective.metric}
+        names = [o.metric for o in config.study.all_objectives]
+        one_target = [(name, functools.partial(html, **first), functools.partial(png, **first))
+                      for name, html, png in figures if name != "intermediate_values"]
+        figures = [("pareto_front", functools.partial(vis.plot_pareto_front, target_names=names),
+                    functools.partial(vis_mpl.plot_pareto_front, target_names=names)), *one_target]
     written = []
     for name, html_fn, png_fn in figures:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                # Given a target (several objectives), Optuna warns that importances are of low values.
+                warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator")
                 fig = html_fn(study)
                 ax = png_fn(study)
         except (ValueError, RuntimeError, ZeroDivisionError) as exc:

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from sweep.record import DEVICES, best_of_reports, checkpoint_folder
+from sweep.record import DEVICES, best_of_reports, checkpoint_folder, reports as reports_of
 from sweep.checkpoints import newest_mtime
 from sweep.session import FINISHED, Session
 
@@ -95,13 +95,13 @@ class Monitor:
                 return line
         finished = sum(state in FINISHED for state in self._reader.trial_states().values())
         best = self._reader.best_trial()
-        best_value, best_number = (best.value, best.number) if best is not None else (None, None)
+        best_value, best_number = (best.values[0], best.number) if best is not None else (None, None)
         line = StudyLine(finished, self.config.study.n_trials, best_value, best_number)
         self._study_line = (running, now, line)
         return line
 
     def _line(self, t: Any, now: float) -> TrialLine:
-        reports = t.intermediate_values
+        reports = reports_of(t, self.config.study.objective.metric)  # a multi-objective trial reports none
         step = max(max(reports, default=0), self._steps.get(t.number, 0))
         seen = self._first_seen.setdefault(t.number, (now, step))
         if step != seen[1] and t.number not in self._first_change:

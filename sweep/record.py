@@ -34,6 +34,9 @@ CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the tri
 # Optuna's WAITING with this attribute: its last entry is the rung it waits at), and the step its
 # current run trains to (a higher rung or train.steps), set when it is promoted.
 PAUSED_AT, RUNG_TARGET = "paused_at", "rung_target"
+# Trial user attribute of a warm-start observation (sweep/warm_start.py): {"study", "number"} of the
+# trial of the other study it copies. Such a trial is never run, counted, resumed or exported.
+WARM_START = "warm_start"
 # Trial user attribute per evaluation: every declared metric plus "train_loss" at that step (the
 # curves); rows in Optuna's storage, so they move with the study and optuna-dashboard shows them.
 EVAL_ATTR_PREFIX = "eval:"
@@ -80,6 +83,18 @@ def metrics_at(trial: FrozenTrial, step: int | None, metric: str | None = None) 
     return None
 
 
+def reports(trial: FrozenTrial, metric: str) -> dict[int, float]:
+    """step -> `metric` at each evaluation: Optuna's intermediate values where the trial reported
+    them, else its `eval:<step>` records (a multi-objective trial reports nothing to Optuna)."""
+    if trial.intermediate_values:
+        return dict(trial.intermediate_values)
+    return {step: m[metric] for step, m in history(trial).items() if metric in m}
+
+
+def is_warm_start(trial: FrozenTrial) -> bool:
+    return WARM_START in trial.user_attrs
+
+
 def train_loss_at(trial: FrozenTrial, step: int | None) -> float | None:
     """The mean training loss of the evaluation interval ending at `step`, if recorded."""
     found = trial.user_attrs.get(eval_attr(step)) if step is not None else None
@@ -111,6 +126,7 @@ def best_step(trial: FrozenTrial, direction: str) -> tuple[int, float]:
 
 # Study user attributes.
 TEST = "best_test"  # the best trial's test metrics, computed once
+WARM_STARTED = "sweep:warm_start"  # {"study", "added", "skipped"}: the warm start was done (once)
 COMPANION_INFIX = ".continued-"  # <study>.continued-<steps>: the companion study `continue` creates
 
 

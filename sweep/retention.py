@@ -198,8 +198,9 @@ def _ranked(session: Any, finished: list[FrozenTrial]) -> list[FrozenTrial]:
     """The COMPLETE trials, best first (ties: lower number first); with constraints, the feasible
     ones before the infeasible ones (which are never best)."""
     sign = session.config.study.objective.sign
-    complete = [t for t in finished if t.state == TrialState.COMPLETE and t.value is not None]
-    return sorted(complete, key=lambda t: (feasible(t) is False, sign * t.value, t.number))
+    # values[0]: the (first) objective's value, also of a multi-objective trial (Trial.value raises)
+    complete = [t for t in finished if t.state == TrialState.COMPLETE and t.values]
+    return sorted(complete, key=lambda t: (feasible(t) is False, sign * t.values[0], t.number))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -110,7 +110,8 @@ def run_trial(
         Interrupted: a signal arrived; the current step was checkpointed first.
     """
     study, module = config.study, config.trial_module
-    metric = study.objective.metric
+    metric = study.objective.metric  # the first objective: it picks the best step
+    told = [o.metric for o in study.all_objectives]  # the metrics the trial is told with: finite
     total, eval_every = study.train.steps, study.train.eval_every
     compiles_before = compile_events.COMPILES.copy()
     batches: Batches | None = None  # a streaming trial's training batches (sweep/stream.py)
@@ -188,7 +189,7 @@ def run_trial(
                 # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
                 # pruning decision at that step is made exactly as in an uninterrupted run.
                 with ledger.timed("evaluating"):
-                    evaluated = _metrics(evaluate(), module.METRICS, metric, number, step)
+                    evaluated = _metrics(evaluate(), module.METRICS, told, number, step)
                 value = evaluated[metric]
                 log.debug("trial %d: step %d: %s=%r (%s)", number, step, metric, value,
                           ", ".join(f"{k}={v:.6g}" for k, v in evaluated.items() if k != metric))
@@ -308,8 +309,9 @@ def _best_step(best: _Best) -> int:
     return best.step
 
 
-def _metrics(metrics: Mapping[str, Any], declared: Any, metric: str, number: int, step: int) -> dict[str, float]:
-    """Every declared metric (METRICS) as a float; the objective must be finite. Other values
+def _metrics(metrics: Mapping[str, Any], declared: Any, told: Sequence[str], number: int,
+             step: int) -> dict[str, float]:
+    """Every declared metric (METRICS) as a float; the objectives' must be finite. Other values
     `evaluate` returns (a confusion matrix, say) are the trial's own business."""
     missing = [name for name in declared if name not in metrics]
     if missing:
@@ -321,9 +323,10 @@ def _metrics(metrics: Mapping[str, Any], declared: Any, metric: str, number: int
             raise ValueError(f"trial {number}: evaluate must return a scalar for metric {name!r}, got shape {shape} "
                              f"at step {step}")
     values = {name: float(metrics[name]) for name in declared}
-    if not math.isfinite(values[metric]):
-        raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "
-                              "the trial failed")
+    for metric in told:
+        if not math.isfinite(values[metric]):
+            raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "
+                                  "the trial failed")
     return values
 
 

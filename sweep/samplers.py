@@ -95,7 +95,8 @@ def sampler_notes(config: Config) -> list[tuple[int, str]]:
     notes = []
     cls = getattr(optuna.samplers, SAMPLER_CLASSES[s.type])
     default = inspect.signature(cls).parameters.get("n_startup_trials")
-    if default is not None and s.type in ("tpe", "gp"):
+    # A warm start's observations count toward n_startup_trials: the model may be used at once.
+    if default is not None and s.type in ("tpe", "gp") and config.study.warm_start is None:
         startup = s.kwargs.get("n_startup_trials", default.default)
         if n_trials <= startup:
             notes.append((logging.WARNING, f"sampler {s.type}: n_trials {n_trials} does not exceed its "

@@ -13,11 +13,11 @@ import jax
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep import asha, constraints, enqueue
+from sweep import asha, constraints, enqueue, objectives, warm_start
 from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
-                          FAILURES, LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at)
+                          FAILURES, LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at, reports)
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
 from sweep.credentials import scrub
@@ -53,6 +53,9 @@ def run(session: Session, stop: StopSignal) -> None:
     code = trial_code.record(config.trial_module)  # what this process imported: the code its trials train with
     _log_start(session)
     retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
+    if config.study.warm_start is not None:
+        with claims.ask_lock():  # before the first ask, once, whichever worker comes first
+            warm_start.apply(session)
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()
     try:
@@ -101,9 +104,10 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     states = session.trial_states()
     trials = session.trials() if config.study.scheduler is not None else []
     paused = asha.paused(trials)
-    promoted = _promote(session, states, trials, paused)
+    promoted = asha.promote_next(session, states, trials)  # ASHA's decision before any new trial
     if promoted is not None:
-        return promoted
+        claims.try_take(claims.key(promoted))
+        return Claimed(promoted, adopted=False, promoted=True)
     trial = enqueue.ask(session, states, paused)  # enqueued trials first, each exactly once
     if trial is None:
         if enqueue.counted(states, paused) >= config.study.n_trials:
@@ -117,20 +121,13 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     return Claimed(trial.number, adopted=False)
 
 
-def _promote(session: Session, states: Mapping[int, TrialState], trials: list[FrozenTrial],
-             paused: list[int]) -> Claimed | None:
-    """ASHA's decision before any new trial: a promotable paused trial, claimed. Where no trial
-    can start or run any more and none completed, the best paused one of the highest rung goes on."""
-    config = session.config
-    promotion = asha.next_promotion(config, trials)
-    if (promotion is None and paused and not enqueue.waiting(states, paused) and not session.running()
-            and enqueue.counted(states, paused) >= config.study.n_trials
-            and TrialState.COMPLETE not in states.values()):
-        promotion = asha.next_promotion(config, trials, relaxed=True)
-    if promotion is None or not asha.promote(session, promotion):
-        return None
-    session.claims.try_take(session.claims.key(promotion.number))
-    return Claimed(promotion.number, adopted=False, promoted=True)
+def _told(session: Session, number: int, outcome: Outcome) -> float | list[float]:
+    """What a COMPLETE trial is told: its best value; with several objectives, each one's metric
+    at its best step (by the first objective; sweep/objectives.py)."""
+    study = session.config.study
+    if not study.multi_objective:
+        return outcome.best_value
+    return objectives.told_values(study.all_objectives, session.trial(number).user_attrs[METRICS])
 
 
 def _record_code(trial: optuna.Trial, frozen: FrozenTrial, code: dict[str, Any]) -> None:
@@ -148,17 +145,21 @@ def _record_code(trial: optuna.Trial, frozen: FrozenTrial, code: dict[str, Any])
 
 class _Fenced:
     """The trial as the runner's reporter, checking before each report that this worker still
-    holds it (a worker frozen past the lease grace may have lost it to another)."""
+    holds it (a worker frozen past the lease grace may have lost it to another).
 
-    def __init__(self, trial: optuna.Trial, fence: Callable[[], None]) -> None:
-        self.trial, self.fence = trial, fence
+    A multi-objective trial reports nothing and is never pruned: Optuna supports neither for
+    several objectives (its per-step metrics are the `eval:<step>` user attributes)."""
+
+    def __init__(self, trial: optuna.Trial, fence: Callable[[], None], multi_objective: bool = False) -> None:
+        self.trial, self.fence, self.multi_objective = trial, fence, multi_objective
 
     def report(self, value: float, step: int) -> None:
         self.fence()
-        self.trial.report(value, step)
+        if not self.multi_objective:
+            self.trial.report(value, step)
 
     def should_prune(self) -> bool:
-        return self.trial.should_prune()
+        return not self.multi_objective and self.trial.should_prune()
 
 
 def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dict[str, Any]) -> None:
@@ -205,7 +206,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
                 asha.pause(session, claimed.number, outcome.last_step)
             return  # not finished: its checkpoints stay, its claim is released (finally)
         elif outcome.state == "COMPLETE":
-            session.study.tell(trial, outcome.best_value, skip_if_finished=True)
+            session.study.tell(trial, _told(session, claimed.number, outcome), skip_if_finished=True)
         else:
             session.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
         session.finished_here.add(claimed.number)
@@ -273,8 +274,9 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         threads = set(threading.enumerate())
         try:
             with trial_guard.guarded():  # an exit in the trial's code fails the trial, not the run
-                outcome = run_trial(config, number, config.hyperparameters(params), _Fenced(trial, fence),
-                                    dict(frozen.intermediate_values), ckpt, stop, on_restore=on_restore,
+                outcome = run_trial(config, number, config.hyperparameters(params),
+                                    _Fenced(trial, fence, config.study.multi_objective),
+                                    reports(frozen, config.study.objective.metric), ckpt, stop, on_restore=on_restore,
                                     on_step=session.on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
                                     on_data_shapes=on_data_shapes, on_devices=on_devices,
                                     seed_number=session.seed_number(number), pause_at=asha.pause_at(config, frozen),

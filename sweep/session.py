@@ -22,7 +22,7 @@ from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
 from sweep.errors import StudyNotFound
-from sweep.record import paused_rung
+from sweep.record import WARM_START, is_warm_start, paused_rung
 from sweep.storage import has_claims, initialised, load_study, open_storage, workdir_lock
 
 REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
@@ -133,7 +133,8 @@ class Session:
         """Frozen trials (shared, do not modify), by number."""
         found = self.storage.get_all_trials(self.study_id, deepcopy=False,
                                             states=tuple(states) if states is not None else None)
-        return sorted(found, key=lambda t: t.number)
+        # Warm-start observations (sweep/warm_start.py) are the sampler's alone: never sweep's trials.
+        return sorted((t for t in found if not is_warm_start(t)), key=lambda t: t.number)
 
     def running(self) -> list[FrozenTrial]:
         return self.trials((TrialState.RUNNING,))
@@ -150,30 +151,43 @@ class Session:
         import sqlalchemy as sa
         # Optuna's versioned RDB schema: get_all_trials would load every param, attribute and
         # report of every trial just to count states (seconds for a big study).
-        from optuna.storages._rdb.models import TrialModel
+        from optuna.storages._rdb.models import TrialModel, TrialUserAttributeModel
 
-        t = TrialModel.__table__
+        t, attrs = TrialModel.__table__, TrialUserAttributeModel.__table__
+        warm = sa.select(attrs.c.trial_id).where(attrs.c.trial_id == t.c.trial_id, attrs.c.key == WARM_START)
 
         def query() -> list[Any]:
             with self.storage.engine.connect() as conn:
-                return conn.execute(sa.select(t.c.number, t.c.state).where(t.c.study_id == self.study_id)).all()
+                return conn.execute(sa.select(t.c.number, t.c.state).where(
+                    t.c.study_id == self.study_id, ~sa.exists(warm))).all()
 
         rows = self.storage.outages.call(query, what="reading trial states")
         return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
 
     def best_trial(self) -> FrozenTrial | None:
         """The best COMPLETE trial, read alone (with constraints: the best feasible one); None if
-        there is none."""
-        if self.config.study.constraints:
+        there is none. With several objectives: the Pareto-optimal trial best by the first one."""
+        study = self.config.study
+        if study.multi_objective:
+            front = set(self.pareto_numbers())
+            found = [t for t in self.trials((TrialState.COMPLETE,)) if t.number in front]
+            return min(found, key=lambda t: (study.objective.sign * t.values[0], t.number), default=None)
+        if study.constraints or study.warm_start is not None:
             from sweep.constraints import feasible
 
-            found = [t for t in self.trials((TrialState.COMPLETE,)) if feasible(t)]
-            sign = self.config.study.objective.sign
-            return min(found, key=lambda t: (sign * t.value, t.number), default=None)
+            found = [t for t in self.trials((TrialState.COMPLETE,)) if not study.constraints or feasible(t)]
+            return min(found, key=lambda t: (study.objective.sign * t.value, t.number), default=None)
         try:
             return self.storage.get_best_trial(self.study_id)
         except ValueError:
             return None
+
+    def pareto_numbers(self) -> list[int]:
+        """Numbers of the COMPLETE trials on the Pareto front (a multi-objective study): those no
+        other trial dominates, feasible ones only (Optuna's `study.best_trials` rule)."""
+        from sweep.objectives import pareto
+
+        return pareto(self.trials((TrialState.COMPLETE,)), self.config.study.all_objectives)
 
     def live_numbers(self, trials: Sequence[FrozenTrial]) -> set[int]:
         """Numbers of the RUNNING trials among `trials` whose worker is alive (claims)."""

@@ -10,8 +10,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import ledger as ledger_lib
 from sweep import retention
 from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP, METRICS,
-                          PAUSED_AT, paused_rung,
-                          best_of_reports, checkpoint_folder, companions, metrics_at, train_loss_at)
+                          PAUSED_AT, best_of_reports, checkpoint_folder, companions, metrics_at, paused_rung, reports,
+                          train_loss_at)
 from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.config import sign
@@ -34,6 +34,12 @@ def collect(session: Session) -> dict[str, Any]:
     if config.study.constraints:  # whether it met them (never best when not); null before it finished
         for entry, t in zip(entries, trials):
             entry["feasible"] = feasible(t)
+    if config.study.multi_objective:  # each objective's value, and whether it is on the Pareto front
+        front = set(session.pareto_numbers())
+        for entry, t in zip(entries, trials):
+            done = t.state == TrialState.COMPLETE
+            entry["values"] = dict(zip((o.metric for o in config.study.all_objectives), t.values)) if done else None
+            entry["pareto"] = t.number in front
     if session.remote is not None:  # the newest step each trial has in the bucket
         remote = session.remote_steps(t.number for t in trials) or {}
         for entry in entries:
@@ -44,6 +50,9 @@ def collect(session: Session) -> dict[str, Any]:
         "n_trials": config.study.n_trials,
         "metric": config.study.objective.metric,
         "direction": config.study.objective.direction,
+        # several objectives: every one (metric and direction are the first's, which picks best steps)
+        **({"objectives": [o.model_dump() for o in config.study.all_objectives]}
+           if config.study.multi_objective else {}),
         "trials": entries,
         # the goodput ledger summed over the trials (sweep/ledger.py); null before any was recorded
         "ledger": study_total(e["ledger"] for e in entries),
@@ -64,7 +73,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
            removed: str | None) -> dict[str, Any]:
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
-    best_step, best_value = best_of_reports(t.intermediate_values, direction) or (None, None)
+    best_step, best_value = best_of_reports(reports(t, t_metric), direction) or (None, None)
     best_value = attrs.get(BEST_VALUE, best_value)
     return {
         "number": t.number,
@@ -72,7 +81,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "params": t.params,
         # the trial's best evaluation, as the table and the log show it: Optuna's value of a trial
         # told PRUNED is its last report instead; none for FAIL, RUNNING, INTERRUPTED, WAITING
-        "value": t.value if t.state == TrialState.COMPLETE else best_value if t.state == TrialState.PRUNED else None,
+        "value": t.values[0] if t.state == TrialState.COMPLETE else best_value if t.state == TrialState.PRUNED else None,
         "best_step": attrs.get(BEST_STEP, best_step),
         "best_value": best_value,
         "last_step": attrs.get(LAST_STEP, max(t.intermediate_values, default=None)),
@@ -106,6 +115,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     complete = [t for t in status["trials"] if t["state"] == "COMPLETE" and t["value"] is not None
                 and t.get("feasible") is not False]  # an infeasible trial is never best
     best = min(complete, key=lambda t: sign(status["direction"]) * t["value"])["number"] if complete else None
+    front = [t["number"] for t in status["trials"] if t.get("pareto")]  # several objectives: '*' marks these
     names = sorted({k for t in status["trials"] for k in t["params"]})
     # The other metrics at the best step (the objective's column is best_value).
     extra = sorted({k for t in status["trials"] for k in (t.get("metrics") or {})} - {status["metric"]})
@@ -122,7 +132,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     for t in status["trials"]:
         mtime = newest_mtime(t["checkpoint_dir"]) if t["checkpoint_dir"] else None
         metrics = {**(t.get("metrics") or {}), "train_loss": t.get("train_loss")}
-        rows.append(["*" if t["number"] == best else "", str(t["number"]), t["state"],
+        marked = t["number"] in front if "objectives" in status else t["number"] == best
+        rows.append(["*" if marked else "", str(t["number"]), t["state"],
                      *([_link(t.get("continued_from"))] if linked else []),
                      *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
@@ -138,6 +149,9 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         lines[i] = f"\x1b[1m{lines[i]}\x1b[0m"
     n_done = sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in status["trials"])
     lines.insert(0, f"study {status['study']}: {n_done}/{status['n_trials']} trials finished ({status['storage']})")
+    if "objectives" in status:
+        said = ", ".join(f"{o['metric']} ({o['direction']})" for o in status["objectives"])
+        lines.insert(1, f"objectives: {said}; Pareto front (*): " + (", ".join(map(str, front)) or "none yet"))
     if status.get("ledger"):
         lines.append(summary_line(status["ledger"]))
     for steps, name in (status.get("continued") or {}).items():

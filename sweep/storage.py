@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import optuna
 
+from sweep import fingerprint
 from sweep.config import Config
 from sweep.credentials import mask_url
 from sweep.errors import StudyNotFound, SweepError
@@ -156,7 +157,7 @@ def _rdb_storage(url: str, retry_seconds: float) -> optuna.storages.RDBStorage:
 
 
 def load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool) -> optuna.Study:
-    direction = config.study.objective.direction
+    directions = [o.direction for o in config.study.all_objectives]
     sampler = RestartProofSampler(build_sampler(config), config.study.sampler.seed)
     try:
         study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler,
@@ -167,10 +168,13 @@ def load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool
                                 "run it first") from None
         with workdir_lock(config):
             study = optuna.create_study(study_name=config.name, storage=storage, sampler=sampler,
-                                        pruner=build_pruner(config), direction=direction, load_if_exists=True)
-    if study.direction.name.lower() != direction:
-        raise SweepError(f"study {config.name!r} in {mask_url(config.storage)} was created with direction "
-                         f"{study.direction.name.lower()}, but {config.path} says {direction}")
+                                        pruner=build_pruner(config), directions=directions, load_if_exists=True)
+    found = [d.name.lower() for d in study.directions]
+    # A study sweep started refuses the changed objective(s) with the diff (sweep/fingerprint.py).
+    if found != directions and fingerprint.STUDY_ATTR not in study.user_attrs:
+        said = ("direction {}" if len(found) == 1 else "directions {}").format(", ".join(found))
+        raise SweepError(f"study {config.name!r} in {mask_url(config.storage)} was created with {said}, but "
+                         f"{config.path} says {', '.join(directions)}")
     return study
 
 

@@ -35,7 +35,15 @@ def text(session: Session) -> str:
         lines.append(infeasible if complete else no_complete_trial(session) or "no trial completed yet")
         return "\n".join(lines)
     metric = config.study.objective.metric
-    lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
+    if config.study.multi_objective:
+        front = session.pareto_numbers()
+        names = [o.metric for o in config.study.all_objectives]
+        lines.append(f"Pareto front ({', '.join(names)}): {len(front)} trials: {', '.join(map(str, front))}")
+        values = ", ".join(f"{m}={v!r}" for m, v in zip(names, best.values))
+        lines.append(f"best trial by {metric} (on the front): {best.number}  {values} at step "
+                     f"{best.user_attrs.get('best_step')}")
+    else:
+        lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
     lines.append(f"params: {best.params}")
     lines.append(f"checkpoints: {checkpoint_folder(config, best)}")
     test = best_test_metrics(session)

@@ -94,6 +94,25 @@ def prestart(study_file: str, n_jobs: int | None) -> None:
     executor = get_reusable_executor(max_workers=n - 1)
     for _ in range(n - 1):
         executor.submit(_preload, trial, os.getcwd())
+    _PRESTARTED.append(executor)
+
+
+_PRESTARTED: list[Any] = []  # the executor prestart() started, until run_workers or stop_prestarted takes it
+
+
+def stop_prestarted() -> None:
+    """Kill the helpers prestart() started: `run` ends before using them (a study-file error, say).
+    Left alone, they would hold the caller's stderr open until their imports finish."""
+    while _PRESTARTED:
+        executor = _PRESTARTED.pop()
+        # shutdown(kill_workers=True) leaves the killing to loky's manager thread, which an exit
+        # that follows at once never lets run: the helpers are killed here, then shut down.
+        for process in list(getattr(executor, "_processes", {}).values()):
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except (OSError, TypeError):
+                pass  # gone already, or not started
+        executor.shutdown(wait=True, kill_workers=True)
 
 
 def _preload(trial: str, cwd: str) -> None:
@@ -285,6 +304,7 @@ class _LokyWorkers:
         from joblib.externals.loky.process_executor import BrokenProcessPool
 
         todo, restarts = list(shares), 0
+        _PRESTARTED.clear()  # taken over here: get_reusable_executor returns the same helpers
         try:
             while todo:
                 executor = self._executor = get_reusable_executor(max_workers=len(shares))

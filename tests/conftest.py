@@ -19,6 +19,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 # A fast digits study: ~1 s per trial on 2 cores, with evaluations, saves and a pruner to exercise.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # One of the PostgreSQL tests restarts the server: under pytest-xdist (-n 2, pyproject.toml)
+    # every test on that server runs on the same worker, one after another.
+    for item in items:
+        module = getattr(item, "module", None)
+        if "postgres_url" in getattr(item, "fixturenames", ()) or hasattr(module, "PG_ADMIN_URL"):
+            item.add_marker(pytest.mark.xdist_group("postgres"))
+
+
 BASE_STUDY: dict[str, Any] = {
     "name": "t",
     "trial": "trials.digits_mlp",
