@@ -35,7 +35,9 @@ ASHA: dict[str, Any] = {
 
 
 def _write(folder: Path, **override: Any) -> Path:
+    """The study file of ASHA + `override` in `folder` (a key overridden with None is left out)."""
     data = merge(merge(BASE_STUDY, ASHA), override)
+    data = {k: v for k, v in data.items() if v is not None}
     data["workdir"] = str(folder / "runs")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "study.yaml"
@@ -184,6 +186,9 @@ BAD = [
     ("eta-one", {"scheduler": {"type": "asha", "min_steps": 100, "reduction_factor": 1}},
      "scheduler.reduction_factor: must be >= 2, got 1"),
     ("no-min-steps", {"scheduler": {"type": "asha"}}, "scheduler.min_steps: is required"),
+    ("several-objectives", {"objective": None, "objectives": [{"metric": "val_loss"},
+                                                              {"metric": "val_accuracy", "direction": "maximize"}]},
+     "scheduler.type: takes one objective only"),
 ]
 
 
