@@ -62,6 +62,23 @@ class Pruner(StrictModel):
         return dict(self.model_extra or {})
 
 
+class Scheduler(StrictModel):
+    """Asynchronous successive halving that pauses and promotes trials (sweep/asha.py,
+    docs/schedulers.md): rungs at min_steps * reduction_factor**k below train.steps; hyperband:
+    brackets of it, each starting at a higher rung."""
+    type: Literal["asha", "hyperband"]
+    min_steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
+    reduction_factor: Annotated[int, Field(ge=2)] = 3
+
+    def rungs(self, steps: int) -> list[int]:
+        """The rung steps below `steps` (a trial's last step is no rung: it ends there)."""
+        out, rung = [], self.min_steps
+        while rung < steps:
+            out.append(rung)
+            rung *= self.reduction_factor
+        return out
+
+
 class Train(StrictModel):
     steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
     eval_every: Annotated[int, Field(ge=1, le=MAX_STEP)]
@@ -187,6 +204,7 @@ class StudyFile(StrictModel):
     objectives: list[Objective] | None = None
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
+    scheduler: Scheduler | None = None  # pause-and-promote (sweep/asha.py); None: every trial trains to the end
     # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
     search_space: dict[str, Param] | None = None
     enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
@@ -206,6 +224,25 @@ class StudyFile(StrictModel):
                 raise ValueError(f"sampler.type: takes one objective only; for several use tpe, nsga2, gp, random, "
                                  f"qmc or grid, got {self.sampler.type!r}")
             object.__setattr__(self, "objective", self.objectives[0])  # frozen: set once, here
+        return self
+
+    @model_validator(mode="after")
+    def _check_scheduler(self) -> StudyFile:
+        s = self.scheduler
+        if s is None:
+            return self
+        if self.objectives is not None:
+            raise ValueError(f"scheduler.type: takes one objective only (with several, trials report nothing to rank "
+                             f"at a rung), got {s.type!r}")
+        if self.pruner.type != "none":
+            raise ValueError(f"pruner.type: must be none with scheduler {s.type} (the scheduler pauses trials and "
+                             f"promotes them later; an Optuna pruner would end them for good), got {self.pruner.type!r}")
+        if s.min_steps >= self.train.steps:
+            raise ValueError(f"scheduler.min_steps: must be < train.steps ({self.train.steps}): the first rung comes "
+                             f"before a trial's last step, got {s.min_steps}")
+        if s.min_steps % self.train.eval_every:
+            raise ValueError(f"scheduler.min_steps: must be a multiple of train.eval_every ({self.train.eval_every}): "
+                             f"a trial pauses at an evaluation, got {s.min_steps}")
         return self
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from typing import Any, Mapping
 
 from pydantic import BaseModel
@@ -89,6 +90,9 @@ def _allowed_keys(raw_loc: tuple[Any, ...], root: type[BaseModel], params: Mappi
     model: Any = root
     for part in raw_loc[:-1]:
         annotation = getattr(model.model_fields.get(str(part)), "annotation", None)
+        # An optional section (`scheduler: Scheduler | None`): its model
+        annotation = next((a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)),
+                          annotation)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation

@@ -35,13 +35,14 @@ _READY_ATTR = "continued_ready"  # its checkpoints and reports were carried over
 
 def companion_config(config: Config, steps: int, n_trials: int | None = None) -> Config:
     """The study file of `config`'s continuation to `steps` steps: same trial, storage and search
-    space; its own name and workdir; no pruner (the user asked for these trials to go on)."""
+    space; its own name and workdir; no pruner or scheduler (the user asked for these trials to go on)."""
     raw = dict(config.source.raw)
     raw.update(name=companion_name(config.name, steps), storage=raw.get("storage") or config.storage,
                workdir=str(config.workdir / f"continued-{steps}"), n_trials=n_trials or config.study.n_trials,
                train={**raw["train"], "steps": steps}, pruner={"type": "none"}, sampler={"type": "random", "seed": 0},
                parallel={"n_jobs": 1})
     raw.pop("timeout", None)
+    raw.pop("scheduler", None)  # no pause either: the chosen trials train straight on
     raw.pop("warm_start", None)  # its trials are the chosen ones, continued: no observations added
     return config_lib.from_dict(raw, origin=f"{config.path} (continued to {steps} steps)", env=config.source.env)
 

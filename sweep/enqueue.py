@@ -9,7 +9,7 @@ which the next run pops first; an entry whose index a trial holds is never enque
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import optuna
 from optuna.trial import TrialState
@@ -19,23 +19,25 @@ from sweep.session import Session
 INDEX_ATTR = "enqueue_index"  # trial user attribute: the position of its entry in the file's `enqueue`
 
 
-def counted(states: Mapping[int, TrialState]) -> int:
-    """Trials that count toward n_trials before new ones are asked: all but the WAITING ones
-    (those run whatever n_trials says: an enqueued trial must never be left behind)."""
-    return sum(1 for s in states.values() if s != TrialState.WAITING)
+def counted(states: Mapping[int, TrialState], paused: Collection[int] = ()) -> int:
+    """Trials that count toward n_trials before new ones are asked: all but the enqueued WAITING
+    ones (those run whatever n_trials says: an enqueued trial must never be left behind). The
+    `paused` trials (WAITING too, sweep/asha.py) were started: they count."""
+    return sum(1 for n, s in states.items() if s != TrialState.WAITING or n in paused)
 
 
-def waiting(states: Mapping[int, TrialState]) -> list[int]:
-    return sorted(n for n, s in states.items() if s == TrialState.WAITING)
+def waiting(states: Mapping[int, TrialState], paused: Collection[int] = ()) -> list[int]:
+    """The enqueued WAITING trials (not the `paused` ones)."""
+    return sorted(n for n, s in states.items() if s == TrialState.WAITING and n not in paused)
 
 
-def ask(session: Session, states: Mapping[int, TrialState]) -> optuna.Trial | None:
-    """Under the ask lock: the oldest WAITING trial (Optuna's `ask` pops it), else the study file's
-    next `enqueue` entry while fewer than n_trials trials count, else None (ask a sampled one)."""
-    if waiting(states):
+def ask(session: Session, states: Mapping[int, TrialState], paused: Collection[int] = ()) -> optuna.Trial | None:
+    """Under the ask lock: the oldest enqueued WAITING trial (never a `paused` one), else the study
+    file's next `enqueue` entry while fewer than n_trials trials count, else None (ask a sampled one)."""
+    if waiting(states, paused):
         return session.ask()
     index = next_index(session)
-    if index is None or counted(states) >= session.config.study.n_trials:
+    if index is None or counted(states, paused) >= session.config.study.n_trials:
         return None
     session.study.enqueue_trial(dict(session.config.study.enqueue[index]), user_attrs={INDEX_ATTR: index})
     return session.ask()

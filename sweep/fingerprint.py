@@ -45,6 +45,8 @@ def meaning(config: Config) -> dict[str, Any]:
         out["search_space"] = define_by_run(config)
     out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n in ("values", "when") and x is None)}
                 for k, v in (study["search_space"] or {}).items()})
+    if study["scheduler"] is not None:  # where trials pause and which go on: what their values mean
+        out.update({f"scheduler.{k}": v for k, v in study["scheduler"].items()})
     if study["enqueue"]:  # the first trials' params
         out["enqueue"] = study["enqueue"]
     if study["constraints"]:  # they steer the sampler and decide which trial is best

@@ -11,8 +11,10 @@ import dataclasses
 import json
 from typing import Any
 
+from optuna.trial import TrialState
+
 from sweep import enqueue, fingerprint, retention, space, trial_code
-from sweep.record import checkpoint_folder
+from sweep.record import checkpoint_folder, paused_rung
 from sweep.cadence import describe
 from sweep.checkpoints import newest_step
 from sweep.config import Config
@@ -39,6 +41,7 @@ class Plan:
     waiting: list[int] = dataclasses.field(default_factory=list)  # WAITING (enqueued): run first
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of `new`: the file's
     # `enqueue` entries still to run, in order (they go first)
+    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # number -> rung (sweep/asha.py)
 
     @property
     def code_changed(self) -> bool:
@@ -46,7 +49,7 @@ class Plan:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.resume or self.new or self.waiting)
+        return bool(self.resume or self.new or self.waiting or self.paused)
 
     @property
     def enqueued(self) -> int:
@@ -63,6 +66,7 @@ def make(session: Session) -> Plan:
     # States in one narrow query; whole trials (for their checkpoint folders) only of the running
     # ones: loading every trial costs seconds in a study of thousands, at every start of `run`.
     states = session.trial_states()
+    paused = {t.number: rung for t in session.trials((TrialState.WAITING,)) if (rung := paused_rung(t)) is not None}
     running = session.running()
     live = session.live_numbers(running)
     orphans = [t.number for t in running if t.number not in live]
@@ -73,15 +77,17 @@ def make(session: Session) -> Plan:
         resume={t.number: _newest(config, t, remote) for t in running if t.number not in live},
         live=sorted(live),
         # WAITING trials run first and then count: new ones fill up to n_trials after them.
-        new=(new := max(0, config.study.n_trials - enqueue.counted(states) - len(enqueue.waiting(states)))),
+        new=(new := max(0, config.study.n_trials - enqueue.counted(states, paused)
+                        - len(enqueue.waiting(states, paused)))),
         # (warm-start observations take numbers too, though they are no trials of sweep's)
         first_new=max(max(states, default=-1) + 1, session.storage.get_n_trials(session.study_id)),
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),
         removals=retention.planned(session),
-        waiting=enqueue.waiting(states),
+        waiting=enqueue.waiting(states, paused),
         entries=enqueue.pending(session)[:new],
+        paused=paused,
     )
 
 
@@ -133,6 +139,10 @@ def text(config: Config, plan: Plan) -> str:
     if plan.waiting:
         they = "it runs" if len(plan.waiting) == 1 else "they run"
         lines.append(f"  waiting: {numbered('trial', plan.waiting)}, enqueued: {they} first, whatever n_trials says")
+    if plan.paused:
+        at = ", ".join(f"trial {n} at step {rung}" for n, rung in sorted(plan.paused.items()))
+        lines.append(f"  paused:  {at} (scheduler asha: each goes on when it ranks in its rung's top, else ends "
+                     "PRUNED once no trial is left to start)")
     if plan.new:
         lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, "
                      f"{_how(config, plan)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep import config as config_lib
 from sweep.config import Config
@@ -30,6 +30,10 @@ FAILURES, ERROR = "failures", "error"  # retries used, and the last error (trunc
 LEDGER = "ledger"  # where its time went (sweep/ledger.py)
 DEVICES = "devices"  # ["<platform>:<host index>", ...]: the devices its latest run trained on (sweep/slots.py)
 CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the trial `continue` trains further
+# Pause and promote (sweep/asha.py): the rung steps it paused at, in order (a paused trial is
+# Optuna's WAITING with this attribute: its last entry is the rung it waits at), and the step its
+# current run trains to (a higher rung or train.steps), set when it is promoted.
+PAUSED_AT, RUNG_TARGET = "paused_at", "rung_target"
 # Trial user attribute of a warm-start observation (sweep/warm_start.py): {"study", "number"} of the
 # trial of the other study it copies. Such a trial is never run, counted, resumed or exported.
 WARM_START = "warm_start"
@@ -49,6 +53,12 @@ def checkpoint_folder(config: Config, trial: FrozenTrial) -> Path | None:
     moved or copied to (the `checkpoint_dir` attribute says where it ran last); None for a trial
     sweep did not run."""
     return config.checkpoint_dir(trial.number) if CHECKPOINT_DIR in trial.user_attrs else None
+
+
+def paused_rung(trial: FrozenTrial) -> int | None:
+    """The rung step a paused trial waits at; None for any other trial (an enqueued WAITING one too)."""
+    rungs = trial.user_attrs.get(PAUSED_AT)
+    return int(rungs[-1]) if trial.state == TrialState.WAITING and rungs else None
 
 
 def eval_attr(step: int) -> str:

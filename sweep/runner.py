@@ -35,7 +35,7 @@ class Reporter(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    state: str  # "COMPLETE" or "PRUNED"
+    state: str  # "COMPLETE", "PRUNED" or "PAUSED" (it reached its rung: `pause_at`)
     best_step: int
     best_value: float
     last_step: int
@@ -79,8 +79,11 @@ def run_trial(
     on_devices: Callable[[list[str]], None] | None = None,
     ledger: RunLedger | None = None,
     seed_number: int | None = None,
+    pause_at: int | None = None,
 ) -> Outcome:
-    """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune.
+    """Train trial `number` from its newest checkpoint (or from scratch) to the end or a prune,
+    or to its rung `pause_at` (an evaluation step before the last, sweep/asha.py): evaluated,
+    checkpointed at exactly that step, and returned as PAUSED.
 
     The last save may still be in flight on return: the caller records the outcome meanwhile and
     calls `ckpt.wait()` before telling Optuna the trial is finished.
@@ -200,6 +203,10 @@ def run_trial(
                 loss_sum = jax.device_put(np.zeros((), np.float32), place)
                 if best.offer(step, value) and step != start:
                     best.pending = (step, snapshot(), evaluated)
+                if step == pause_at:  # also a run restored at its rung: a kill came before the pause was recorded
+                    with ledger.timed("checkpoint_blocking"):
+                        _flush(ckpt, best, (step, snapshot, evaluated))
+                    return Outcome("PAUSED", _best_step(best), best.value, step)
                 if step < total and reporter.should_prune():
                     with ledger.timed("checkpoint_blocking"):
                         _flush(ckpt, best, None)

@@ -13,7 +13,7 @@ import jax
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep import constraints, enqueue, objectives, warm_start
+from sweep import asha, constraints, enqueue, objectives, warm_start
 from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
@@ -39,6 +39,7 @@ TRACKING_DRAIN_S = 10.0  # at the end of a run, what the writers have not sent y
 class Claimed:
     number: int
     adopted: bool
+    promoted: bool = False  # a paused trial going on from its rung (sweep/asha.py)
 
 
 def run(session: Session, stop: StopSignal) -> None:
@@ -106,9 +107,17 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     if _past(deadline):
         return None
     states = session.trial_states()
-    trial = enqueue.ask(session, states)  # enqueued trials first, each exactly once
+    trials = session.trials() if config.study.scheduler is not None else []
+    paused = asha.paused(trials)
+    promoted = asha.promote_next(session, states, trials)  # ASHA's decision before any new trial
+    if promoted is not None:
+        claims.try_take(claims.key(promoted))
+        return Claimed(promoted, adopted=False, promoted=True)
+    trial = enqueue.ask(session, states, paused)  # enqueued trials first, each exactly once
     if trial is None:
-        if enqueue.counted(states) >= config.study.n_trials:
+        if enqueue.counted(states, paused) >= config.study.n_trials:
+            if paused and not session.running():  # nothing can make a paused trial promotable now
+                asha.finish_paused(session, trials)
             return None
         trial = session.ask()
     claims.try_take(claims.key(trial.number))
@@ -192,13 +201,17 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
             frozen = session.trial(claimed.number)
         _record_code(trial, frozen, code)
-        if not claimed.adopted:
+        if not claimed.adopted and not claimed.promoted:
             log.info("trial %d: started with params %s", claimed.number, params)
         outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence, (resumes, claimed.adopted),
                             tracker)
         fence()  # before the tell
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        elif outcome.state == "PAUSED":
+            with claims.ask_lock():  # the decisions of other workers see it running or paused, never between
+                asha.pause(session, claimed.number, outcome.last_step)
+            return  # not finished: its checkpoints stay, its claim is released (finally)
         elif outcome.state == "COMPLETE":
             session.study.tell(trial, _told(session, claimed.number, outcome), skip_if_finished=True)
         else:
@@ -280,10 +293,13 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                                     reports(frozen, config.study.objective.metric), ckpt, stop, on_restore=on_restore,
                                     on_step=on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
                                     on_data_shapes=on_data_shapes, on_devices=on_devices,
-                                    seed_number=session.seed_number(number),
+                                    seed_number=session.seed_number(number), pause_at=asha.pause_at(config, frozen),
                                     ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
                                                      resumed=resumed))
             fence()
+            if outcome.state == "PAUSED":  # its rung checkpoint on disk before it is paused
+                ckpt.wait()
+                return outcome
             # Recorded while the final save is still being written; told only once it is on disk.
             best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
             for name, value in ((BEST_STEP, outcome.best_step), (BEST_VALUE, outcome.best_value),

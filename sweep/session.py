@@ -22,7 +22,7 @@ from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
 from sweep.errors import StudyNotFound
-from sweep.record import WARM_START, is_warm_start
+from sweep.record import WARM_START, is_warm_start, paused_rung
 from sweep.storage import has_claims, initialised, load_study, open_storage, workdir_lock
 
 REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
@@ -201,7 +201,36 @@ class Session:
         return live | {legacy[k] for k in self.claims.live_owners(legacy)}
 
     def ask(self) -> optuna.Trial:
-        return self.study.ask()
+        """`study.ask()`: the oldest WAITING trial (enqueued), else a new one. With a scheduler,
+        never a paused trial (WAITING too, sweep/asha.py), which Optuna's `ask` would pop like any
+        other: the WAITING trials are read afresh here and the paused ones left alone."""
+        if self.config.study.scheduler is None:
+            return self.study.ask()
+        for t in self.trials((TrialState.WAITING,)):
+            if paused_rung(t) is None and self.set_state(t.number, TrialState.RUNNING):
+                trial_id = t._trial_id  # the id Optuna's Trial takes (study.ask pops it alike)
+                break
+        else:
+            # What study.ask does past its pop: the trial through the study's cached storage,
+            # whose trial cache the study's readers use.
+            trial_id = self.study._storage.create_new_trial(self.study_id)  # noqa: SLF001
+        self.study._thread_local.cached_all_trials = None  # noqa: SLF001 - study.ask resets it too
+        return optuna.Trial(self.study, trial_id)
+
+    def set_trial_attr(self, number: int, key: str, value: Any) -> None:
+        """Set a user attribute of unfinished trial `number`, a WAITING one too (which has no
+        `optuna.Trial` to set it through)."""
+        self.storage.set_trial_user_attr(self._trial_id(number), key, value)
+
+    def set_state(self, number: int, state: TrialState, value: float | None = None) -> bool:
+        """Set trial `number`'s state (and value) in one storage write; False where Optuna refuses:
+        RUNNING is only set on a WAITING trial (atomic: the row is locked), a finished trial is never
+        changed. Optuna's `tell` cannot finish a WAITING trial, nor put a RUNNING one back to WAITING."""
+        try:
+            return self.storage.set_trial_state_values(self._trial_id(number), state,
+                                                       None if value is None else [value])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
 
     def seed_number(self, number: int) -> int:
         """The trial number whose keys and data order trial `number` uses (its own)."""

@@ -10,7 +10,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import ledger as ledger_lib
 from sweep import retention
 from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP, METRICS,
-                          best_of_reports, checkpoint_folder, companions, metrics_at, reports, train_loss_at)
+                          PAUSED_AT, best_of_reports, checkpoint_folder, companions, metrics_at, paused_rung, reports,
+                          train_loss_at)
 from sweep.cadence import effective_interval
 from sweep.checkpoints import newest_mtime, newest_step
 from sweep.config import sign
@@ -63,6 +64,8 @@ def collect(session: Session) -> dict[str, Any]:
 def _state(t: FrozenTrial, live: set[int]) -> str:
     if t.state == TrialState.RUNNING:
         return "RUNNING" if t.number in live else "INTERRUPTED"
+    if paused_rung(t) is not None:  # Optuna's WAITING, at its rung (sweep/asha.py)
+        return "PAUSED"
     return t.state.name
 
 
@@ -82,6 +85,10 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         "best_step": attrs.get(BEST_STEP, best_step),
         "best_value": best_value,
         "last_step": attrs.get(LAST_STEP, max(t.intermediate_values, default=None)),
+        # scheduler asha (sweep/asha.py): the rung step a PAUSED trial waits at (else null), and the
+        # rung steps it paused at so far (null for a trial that never paused)
+        "rung": paused_rung(t),
+        "paused_at": attrs.get(PAUSED_AT),
         "checkpoint_dir": str(folder) if folder is not None and removed is None else None,  # where it is now
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
         "checkpoints_removed": removed,
