@@ -107,6 +107,10 @@ class StudySession:
                 self._session, live=sys.stderr.isatty(), every_s=log_every)
             with view, client or contextlib.nullcontext():
                 run_workers(self._session, n_jobs, stop, quiet=quiet, verbose=verbose, client=client, slots=worker_slots)
+            if config.study.logging.mlflow is not None:
+                from sweep.tracking import log_exports
+
+                log_exports(self._session)  # each finished trial's best export, an artifact of its run
         finally:
             stop.restore()
         return self.status()

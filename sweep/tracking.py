@@ -136,6 +136,20 @@ class _Lane:
                     log.debug("%s: %s failed (%s)", self.name, method, exc)
 
 
+def log_exports(session: Any) -> int:
+    """Attach each COMPLETE trial's export (its best-by-validation checkpoint, `sweep export`'s
+    layout) to its MLflow run, once: after the workers, in this process, so no export competes
+    with training for the cores. A server that is away is one warning; the next run tries again."""
+    try:
+        from sweep.tracking_mlflow import log_exports as log_to_mlflow
+
+        return log_to_mlflow(session)
+    except Exception as exc:  # noqa: BLE001 - tracking never fails a study
+        log.warning("mlflow (%s): exports not logged (%s: %s); the next run tries again",
+                    mask_url(session.config.study.logging.mlflow), type(exc).__name__, _short(exc))
+        return 0
+
+
 def trial_start(config: Config, trial: Any, frozen: FrozenTrial, params: dict[str, Any], step: int, folder: Path,
                 fence: Callable[[], None]) -> TrialStart:
     """What the writers need when trial `frozen.number` starts training at `step`; `trial` is its

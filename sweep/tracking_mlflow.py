@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
-from sweep.record import MLFLOW_RUN_ID
+from sweep.record import BEST_STEP, MLFLOW_RUN_ID
 from sweep.tracking_events import QuietOnTrackingThread, TrialStart
 
 # MLflow's client retries an unreachable server 7 times with backoff (minutes), and the tracking
@@ -26,7 +29,9 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402 - after the retr
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 logging.getLogger("urllib3.connectionpool").addFilter(QuietOnTrackingThread())
+log = logging.getLogger("sweep")
 STUDY_TAG, NUMBER_TAG, STATE_TAG, BEST_STEP_TAG = "sweep.study", "sweep.number", "sweep.state", "sweep.best_step"
+EXPORT_TAG = "sweep.export"  # the best step whose export is the run's `export/` artifact
 ROLE_TAG = "sweep.role"  # "study" on the parent run, "trial" on each trial's run
 PARENT_TAG, NAME_TAG = "mlflow.parentRunId", "mlflow.runName"  # MLflow's own: nesting and the shown name
 _TERMINAL = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED", "INTERRUPTED": "KILLED"}
@@ -137,3 +142,32 @@ class MlflowWriter:
             self._parent = oldest
         return self._parent
 
+
+
+def log_exports(session: Any) -> int:
+    """Log `sweep export`'s folder of every COMPLETE trial with a run and no export yet as the
+    run's `export/` artifacts (safetensors + meta.json); returns how many were logged."""
+    from optuna.trial import TrialState
+
+    from sweep.errors import SweepError
+    from sweep.export import export
+
+    client = MlflowClient(tracking_uri=session.config.study.logging.mlflow)
+    logged = 0
+    for trial in session.trials((TrialState.COMPLETE,)):
+        run_id = trial.user_attrs.get(MLFLOW_RUN_ID)
+        best = str(trial.user_attrs.get(BEST_STEP, ""))
+        if not run_id or client.get_run(run_id).data.tags.get(EXPORT_TAG) == best:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                export(session, Path(tmp), trial=trial.number)
+            except SweepError as exc:  # its checkpoints were removed by the disk budget
+                log.debug("trial %d: no export to log (%s)", trial.number, exc)
+                continue
+            client.log_artifacts(run_id, tmp, artifact_path="export")
+        client.set_tag(run_id, EXPORT_TAG, best)  # last: a kill before it logs the same files again
+        logged += 1
+    if logged:
+        log.info("mlflow: %d trial export(s) logged as artifacts", logged)
+    return logged

@@ -3,6 +3,8 @@ curve per trial across a kill -9 and a resume; the `logging` key's rules."""
 
 from __future__ import annotations
 
+import json
+
 import socket
 import subprocess
 import sys
@@ -116,6 +118,13 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
     history = client.get_metric_history(run_id, "val_loss")
     assert sorted(m.step for m in history) == list(reported)  # each step once
     assert [m.value for m in sorted(history, key=lambda m: m.step)] == list(reported.values())
+    # The best checkpoint's export is the run's artifact, as `sweep export` writes it.
+    assert mine.data.tags["sweep.export"] == str(trial.user_attrs["best_step"])
+    files = {a.path for a in client.list_artifacts(run_id, "export/trial_0000")}
+    assert {"export/trial_0000/meta.json", "export/trial_0000/params.safetensors"} <= files
+    meta = json.loads(Path(client.download_artifacts(run_id, "export/trial_0000/meta.json", str(study.parent)))
+                      .read_text())
+    assert meta["number"] == 0 and meta["best_step"] == trial.user_attrs["best_step"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,97 @@
+"""Issue 32: training with both tracking writers on (TensorBoard + MLflow) vs off.
+
+Both sides are real `python -m sweep run` processes on the example study (digits, 3 trials,
+2,000 steps, an evaluation every 50 steps: 40 evaluations a trial for the writers to send),
+alternating ABBA in fresh workdirs; "on" logs to TensorBoard files and to a real `mlflow server`
+on localhost (SQLite backend), started once before the rounds. Measured: the trials' own time
+(the sum of each trial's start -> complete, from the study's storage) and the process's wall
+time (which also holds mlflow's import and the export artifacts logged after the trials).
+Target: on/off <= 1.02 on the trials' time.
+
+    python benchmarks/tracking_overhead.py [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import harness
+import optuna
+import yaml
+
+
+def mlflow_server(root: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/m.db",
+                             "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("mlflow server did not start")
+            time.sleep(0.3)
+
+
+def run_once(root: Path, name: str, logging: dict | None) -> tuple[float, float]:
+    """(sum of the trials' own seconds, the process's wall seconds) of one study run."""
+    raw = yaml.safe_load((harness.REPO / "studies" / "digits_mlp.yaml").read_text())
+    raw.update(name=name, workdir=str(root / name), n_trials=3, pruner={"type": "none"},
+               train={"steps": 2000, "eval_every": 50, "seed": 0})
+    if logging:
+        raw["logging"] = logging
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "sweep", "run", str(path), "--quiet"], check=True, cwd=root,
+                   capture_output=True)
+    wall = time.perf_counter() - t0
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{root / name / 'study.db'}")
+    trials = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in study.trials)
+    return trials, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    harness.quiet()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        server, url = mlflow_server(root)
+        try:
+            walls: dict[str, list[float]] = {"on": [], "off": []}
+
+            def side(logging: dict | None, key: str):
+                def go(r: int) -> float:
+                    trials, wall = run_once(root, f"{key}{r}", logging)
+                    walls[key].append(wall)
+                    return trials
+                return go
+
+            run_once(root, "warmup", {"tensorboard": True, "mlflow": url})  # compile cache, server warm
+            times = harness.alternate({"on": side({"tensorboard": True, "mlflow": url}, "on"),
+                                       "off": side(None, "off")}, args.rounds)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    harness.report("trials' own time, writers on vs off", "on", "off", times, "<= 1.02")
+    harness.report("process wall time, writers on vs off", "on", "off", walls, "(context)")
+
+
+if __name__ == "__main__":
+    main()
