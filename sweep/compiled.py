@@ -315,10 +315,11 @@ class Functions:
             if not traced or not culprits - static:
                 raise
             self.cache.mark_static(self.module, fn_name, culprits)
-            log.info("%s: %s uses hyperparameter(s) %s as a Python value (%s), so each value compiles its "
+            log.info("%s: %s uses %s %s as a Python value (%s), so each value compiles its "
                      "own program; write it with jnp operations (e.g. jnp.where) to share one program",
                      self.module.__name__, "training" if fn_name == "window" else "evaluate",
-                     ", ".join(sorted(culprits)), type(exc).__name__)
+                     "hyperparameter" if len(culprits) == 1 else "hyperparameters", ", ".join(sorted(culprits)),
+                     type(exc).__name__)
             return self._call(fn_name, *args, abstract=abstract)
 
     def shapes(self, fn_name: str, *args: Any) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import importlib.util
 import os
 import re
@@ -18,13 +17,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ByteSize, ConfigDict, Field, ValidationError, model_validator
 
-from sweep import config_errors, credentials, space, study_yaml
+from sweep import config_checks, config_errors, credentials, space, study_yaml
 from sweep.config_space import PARAM_MODELS, Param, Scalar, StrictModel
 from sweep import objectives as objectives_lib
 from sweep.constraints import Constraint
 from sweep.objectives import Objective
 from sweep.errors import ConfigError
-from sweep.protocol import import_trial, protocol_problems
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 # The study file's sampler and pruner names -> the Optuna class each builds (the one list of them).
@@ -369,10 +367,10 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
         # A typo'd key also makes its intended key "missing": report the typo, the root cause.
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         raise config_errors.translate(origin, errors[0], raw, StudyFile, PARAM_MODELS, NAME_PATTERN) from None
-    _check_storage(origin, study.storage, raw.get("storage"))
-    _check_warm_start(origin, study.warm_start)
+    config_checks.storage(origin, study.storage, raw.get("storage"))
+    config_checks.warm_start(origin, study.warm_start)
     space.check(origin, study)
-    module = _load_trial_module(origin, study)
+    module = config_checks.trial_module(origin, study)
     config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
     credentials.remember(config.storage, credentials.used_in(raw.get("storage"), used))
     return config
@@ -382,71 +380,3 @@ def from_source(source: Source) -> Config:
     """Rebuild a config in another process (a worker): same keys, same values, same directory."""
     os.chdir(source.cwd)
     return from_dict(source.raw, source.origin, source.env)
-
-
-def _check_storage(file: str, url: str | None, text: Any) -> None:
-    """`text`: the key as the file wrote it, shown in the error (`url` may hold a secret)."""
-    if url is None:
-        return
-    from sqlalchemy.engine import make_url  # local: only needed when a storage is named
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        make_url(url)
-    except ArgumentError:
-        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db",
-                          text) from None
-
-
-def _check_warm_start(file: str, warm: WarmStart | None) -> None:
-    if warm is None:
-        return
-    if not os.path.isfile(warm.study):
-        raise ConfigError(file, "warm_start.study", f"must be a study file (relative to {os.getcwd()})", warm.study)
-    if os.path.exists(file) and os.path.samefile(file, warm.study):
-        raise ConfigError(file, "warm_start.study", "must be another study's file, not this one", warm.study)
-
-
-def _load_trial_module(file: str, study: StudyFile) -> Any:
-    try:
-        module = import_trial(study.trial)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(file, "trial", f"cannot import module ({exc}); is it on the current directory or PYTHONPATH?",
-                          study.trial) from None
-    except Exception as exc:  # the user's module raised while importing
-        raise ConfigError(file, "trial", f"importing the module raised {type(exc).__name__}: {exc}", study.trial) from None
-    problems = protocol_problems(module)
-    if problems:
-        attr, rule, value = problems[0]
-        raise ConfigError(file, "trial", f"module {study.trial} does not provide the trial protocol: {attr} {rule}",
-                          value)
-    _check_names(file, study, module)
-    return module
-
-
-def _check_names(file: str, study: StudyFile, module: Any) -> None:
-    known = list(module.HYPERPARAMETERS)
-    if study.search_space is None and not callable(getattr(module, "search_space", None)):
-        raise ConfigError(file, "search_space", f"is required (or define search_space(trial) in {study.trial}: "
-                          "Optuna's define-by-run API)")
-    enqueued = {name for entry in study.enqueue for name in entry} if study.search_space is None else set()
-    for section, names in (("search_space", study.search_space or {}), ("fixed", study.fixed),
-                           ("enqueue", enqueued)):
-        for name in names:
-            if name not in known:
-                hint = difflib.get_close_matches(name, known, n=1)
-                extra = f" (did you mean {hint[0]!r}?)" if hint else f" (it understands: {', '.join(known)})"
-                raise ConfigError(file, f"{section}.{name}", f"not a hyperparameter of {study.trial}{extra}")
-    for name in [*(study.search_space or {}), *enqueued]:
-        if name in study.fixed:
-            raise ConfigError(file, f"fixed.{name}", "is also in search_space; a name is either sampled or fixed")
-    metrics = list(module.METRICS)
-    for key, o in ([("objective", study.objective)] if not study.multi_objective else
-                   [(f"objectives.{i}", o) for i, o in enumerate(study.all_objectives)]):
-        if o.metric not in metrics:
-            raise ConfigError(file, f"{key}.metric", f"must be a metric of {study.trial} (one of {', '.join(metrics)})",
-                              o.metric)
-    for i, c in enumerate(study.constraints):
-        if c.metric not in metrics:
-            raise ConfigError(file, f"constraints.{i}.metric", f"must be a metric of {study.trial} (one of "
-                              f"{', '.join(metrics)})", c.metric)

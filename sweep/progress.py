@@ -140,7 +140,7 @@ def _duration(seconds: float | None) -> str:
 def study_text(s: StudyLine, metric: str) -> str:
     best = f"best {metric}={_fmt(s.best_value, '.6g')} (trial {s.best_number})" if s.best_number is not None \
         else "no trial complete yet"
-    return f"{s.finished}/{s.n_trials} trials finished, {best}"
+    return f"{s.finished}/{s.n_trials} {'trial' if s.n_trials == 1 else 'trials'} finished, {best}"
 
 
 def trial_text(t: TrialLine, metric: str) -> str:

@@ -9,7 +9,7 @@ study user attributes").
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -144,3 +144,16 @@ def companions(storage: BaseStorage, study: str) -> dict[int, str]:
         if summary.study_name.startswith(prefix) and rest.isdigit():
             found[int(rest)] = summary.study_name
     return found
+
+
+def add_compiles(trial: Any, stored: Mapping[str, Any], counts: dict[str, float]) -> None:
+    """Add a run's compile counts to the trial's `compiles` attribute (`stored`: its user attributes)."""
+    before = stored.get(COMPILES_ATTR) or {}
+    total = {k: before.get(k, 0) + v for k, v in counts.items()}
+    total["compile_seconds"] = round(total["compile_seconds"], 3)
+    trial.set_user_attr(COMPILES_ATTR, total)
+
+
+def add_resume(trial: Any, stored: Mapping[str, Any], step: int) -> None:
+    """Append `step` to the trial's `resumed_from` attribute (plot marks it on the curve)."""
+    trial.set_user_attr(RESUMED_FROM, [*stored.get(RESUMED_FROM, []), step])

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from sweep import integrity
 from sweep.checkpoints import kept_steps
+from sweep.words import numbered
 
 log = logging.getLogger("sweep")
 UPLOAD_ATTEMPTS = 5  # per step, with backoff: a bucket away for a while is retried, then left for the next run
@@ -246,7 +247,7 @@ class RemoteTier:
             for step in missing:
                 self.download(folder.name, step, folder)
             if missing:
-                log.info("%s: fetched step(s) %s from %s", label, ", ".join(map(str, missing)), self.url)
+                log.info("%s: fetched %s from %s", label, numbered("step", missing), self.url)
             return missing
         except Exception as exc:  # noqa: BLE001 - the network, the endpoint, credentials
             raise RemoteFault(f"{label}: cannot read its checkpoints in {self.url} ({type(exc).__name__}: {exc}); "

@@ -271,8 +271,8 @@ def run_trial(
         if on_compiles is not None:
             on_compiles({"compilations": compile_events.compilations(done), "cache_hits": done["cache_hits"],
                          "compile_seconds": round(done["compile_seconds"], 3)})
-        log.debug("trial %d: %d XLA compilation(s) (window %d, evaluate %d; %.1f s), %d executable(s) from the "
-                  "persistent cache", number, compile_events.compilations(done), compile_events.compilations(done, "window"),
+        log.debug("trial %d: XLA compilations %d (window %d, evaluate %d; %.1f s), executables from the "
+                  "persistent cache %d", number, compile_events.compilations(done), compile_events.compilations(done, "window"),
                   compile_events.compilations(done, "evaluate"), done["compile_seconds"], done["cache_hits"])
 
 

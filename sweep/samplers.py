@@ -212,7 +212,7 @@ def check_config(config: Config) -> None:
             hint = (f" (on the CPU: XLA_FLAGS=--xla_force_host_platform_device_count={devices})"
                     if have[0].platform == "cpu" else "")
             raise ConfigError(str(config.path), "train.devices",
-                              f"must be at most the {len(have)} {have[0].platform} device(s) JAX sees{hint}", devices)
+                              f"must be at most the {count(len(have), have[0].platform + ' device')} JAX sees{hint}", devices)
 
 
 def _derived_seed(*parts: object) -> int:

@@ -16,8 +16,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import asha, constraints, enqueue, objectives, warm_start
 from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
-from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, COMPILES_ATTR, DATA_SHAPES_ATTR, DEVICES, ERROR,
-                          FAILURES, LAST_STEP, METRICS, RESUMED_FROM, eval_attr, metrics_at, reports)
+from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES, LAST_STEP,
+                          METRICS, add_compiles, add_resume, eval_attr, metrics_at, reports)
 from sweep.checkpoints import newest_step
 from sweep.compiled import FUNCTIONS
 from sweep.credentials import scrub
@@ -28,7 +28,7 @@ from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal
 from sweep.tracking import Tracker, TrialLog, trial_start
-from sweep.words import numbered
+from sweep.words import count, numbered
 
 log = logging.getLogger("sweep")
 WAIT_POLL_S = 0.5
@@ -135,19 +135,6 @@ def _told(session: Session, number: int, outcome: Outcome) -> float | list[float
     return objectives.told_values(study.all_objectives, session.trial(number).user_attrs[METRICS])
 
 
-def _record_code(trial: optuna.Trial, frozen: FrozenTrial, code: dict[str, Any]) -> None:
-    """Record the code the trial trains with now; warn where it differs from the code it trained with
-    before it was interrupted (its checkpoints were written by that code)."""
-    stored = frozen.user_attrs.get(trial_code.TRIAL_ATTR)
-    changed = trial_code.differences(stored, code)
-    if changed:
-        log.warning("trial %d: its code changed since it last trained: %s (sha256 %s -> %s); it goes on with the "
-                    "new code from checkpoints the old code wrote", frozen.number, ", ".join(changed),
-                    stored["sha256"][:12], code["sha256"][:12])
-    if stored != code:
-        trial.set_user_attr(trial_code.TRIAL_ATTR, code)
-
-
 class _Fenced:
     """The trial as the runner's reporter, checking before each report that this worker still
     holds it (a worker frozen past the lease grace may have lost it to another).
@@ -200,7 +187,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         params = suggest_all(config, trial)
         if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
             frozen = session.trial(claimed.number)
-        _record_code(trial, frozen, code)
+        trial_code.record_on(trial, frozen, code)
         if not claimed.adopted and not claimed.promoted:
             log.info("trial %d: started with params %s", claimed.number, params)
         outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence, (resumes, claimed.adopted),
@@ -256,7 +243,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
 
         def on_restore(step: int) -> None:
             fence()
-            _record_resume(session, trial, step)
+            add_resume(trial, session.trial(trial.number).user_attrs, step)
 
         def on_data_shapes(shapes: dict[str, Any]) -> None:
             if frozen.user_attrs.get(DATA_SHAPES_ATTR) != shapes:
@@ -274,7 +261,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
                 fence()
             except TakenOver:
                 return  # nothing more is written for a trial this worker lost
-            _record_compiles(session, trial, counts)
+            add_compiles(trial, session.trial(trial.number).user_attrs, counts)
 
         def write_ledger(total: dict[str, float]) -> None:
             try:
@@ -336,8 +323,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
 def _warn_leftover_threads(number: int, before: set[threading.Thread]) -> None:
     left = [t.name for t in trial_guard.leftover_threads(before)]
     if left:
-        log.warning("trial %d: its code left %d thread(s) running (%s); the run does not wait for them at exit",
-                    number, len(left), ", ".join(left[:5]))
+        log.warning("trial %d: its code left %s running (%s); the run does not wait for them at exit",
+                    number, count(len(left), "thread"), ", ".join(left[:5]))
 
 
 def _set_constraints(session: Session, trial: optuna.Trial, metrics: dict[str, Any]) -> None:
@@ -390,21 +377,7 @@ def _forget_taken_grid_points(session: Session) -> None:
         # measured +5 MB a trial on a grid of 100 shapes with only sweep's programs dropped.
         # The next trial's programs come from the persistent cache.
         jax.clear_caches()
-        log.debug("dropped %d compiled program(s) of grid points all taken", dropped)
-
-
-def _record_compiles(session: Session, trial: optuna.Trial, counts: dict[str, float]) -> None:
-    """Add this run's compile counts to the trial's `compiles` user attribute (all its runs)."""
-    before = session.trial(trial.number).user_attrs.get(COMPILES_ATTR) or {}
-    total = {k: before.get(k, 0) + v for k, v in counts.items()}
-    total["compile_seconds"] = round(total["compile_seconds"], 3)
-    trial.set_user_attr(COMPILES_ATTR, total)
-
-
-def _record_resume(session: Session, trial: optuna.Trial, step: int) -> None:
-    """Append `step` to the trial's `resumed_from` user attribute (plot marks it on the curve)."""
-    steps = session.trial(trial.number).user_attrs.get(RESUMED_FROM, [])
-    trial.set_user_attr(RESUMED_FROM, [*steps, step])
+        log.debug("dropped %s of grid points all taken", count(dropped, "compiled program"))
 
 
 def _log_start(session: Session) -> None:

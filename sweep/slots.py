@@ -29,6 +29,7 @@ import sys
 from typing import Any, Iterator
 
 from sweep.errors import ConfigError, SweepError
+from sweep.words import count
 
 log = logging.getLogger("sweep")
 
@@ -151,7 +152,7 @@ def plan(path: str, n_jobs: int, devices: int, per_device: int, host: Host) -> l
         hint = (f" (on the CPU: XLA_FLAGS=--xla_force_host_platform_device_count={devices})"
                 if host.platform == "cpu" else "")
         raise ConfigError(path, "train.devices",
-                          f"must be at most the {host.count} {host.platform} device(s) JAX sees{hint}", devices)
+                          f"must be at most the {count(host.count, host.platform + ' device')} JAX sees{hint}", devices)
     groups = host.count // devices
     if n_jobs > groups * per_device:
         share = f" / trials_per_device {per_device}" if per_device > 1 else ""
@@ -211,7 +212,7 @@ def apply(slot: Slot | None) -> None:
 
     have = jax.devices()
     if max(slot.indices) >= len(have):
-        raise SweepError(f"this worker process's JAX sees {len(have)} device(s), not device(s) "
+        raise SweepError(f"this worker process's JAX sees {count(len(have), 'device')}, not the devices "
                          f"{', '.join(slot.names())} of its slot (its backend started with other visible devices)")
     if started and slot.platform != "cpu":
         log.warning("JAX started in this process before its devices were chosen: it trains on %s by index, but "
@@ -290,7 +291,7 @@ def for_run(config: Any, n_jobs: int | str) -> tuple[int, list[Slot] | None]:
     n = resolve_n_jobs(n_jobs, config.study.train.devices, parallel.trials_per_device, host)
     worker_slots = plan(path, n, config.study.train.devices, parallel.trials_per_device, host)
     if worker_slots is not None:
-        log.info("%d worker(s) on %d %s device(s) (%s): %s", n, host.count, host.platform, host.how,
+        log.info("%s on %s (%s): %s", count(n, "worker"), count(host.count, host.platform + " device"), host.how,
                  " | ".join(",".join(s.names()) for s in worker_slots))
     return n, worker_slots
 

@@ -148,7 +148,8 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         i = 1 + [t["number"] for t in status["trials"]].index(best)
         lines[i] = f"\x1b[1m{lines[i]}\x1b[0m"
     n_done = sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in status["trials"])
-    lines.insert(0, f"study {status['study']}: {n_done}/{status['n_trials']} trials finished ({status['storage']})")
+    lines.insert(0, f"study {status['study']}: {n_done}/{status['n_trials']} "
+                    f"{'trial' if status['n_trials'] == 1 else 'trials'} finished ({status['storage']})")
     if "objectives" in status:
         said = ", ".join(f"{o['metric']} ({o['direction']})" for o in status["objectives"])
         lines.insert(1, f"objectives: {said}; Pareto front (*): " + (", ".join(map(str, front)) or "none yet"))

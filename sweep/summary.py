@@ -18,7 +18,8 @@ def text(session: Session) -> str:
     states = list(session.trial_states().values())
     counts = {s: states.count(s) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     finished = sum(counts.values())
-    lines = [f"study {config.name}: {finished}/{config.study.n_trials} trials finished "
+    lines = [f"study {config.name}: {finished}/{config.study.n_trials} "
+             f"{'trial' if config.study.n_trials == 1 else 'trials'} finished "
              f"({counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
              f"{counts[TrialState.FAIL]} failed)"]
     trials = session.trials()

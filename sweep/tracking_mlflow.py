@@ -18,6 +18,7 @@ from typing import Any
 
 from sweep.record import BEST_STEP, MLFLOW_RUN_ID
 from sweep.tracking_events import QuietOnTrackingThread, TrialStart
+from sweep.words import count
 
 # MLflow's client retries an unreachable server 7 times with backoff (minutes), and the tracking
 # thread's queue would wait behind it: the thread retries once itself, and a trial that starts
@@ -169,5 +170,5 @@ def log_exports(session: Any) -> int:
         client.set_tag(run_id, EXPORT_TAG, best)  # last: a kill before it logs the same files again
         logged += 1
     if logged:
-        log.info("mlflow: %d trial export(s) logged as artifacts", logged)
+        log.info("mlflow: %s logged as artifacts", count(logged, "trial export"))
     return logged

@@ -18,6 +18,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import json
+import logging
 import os
 import site
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
+log = logging.getLogger("sweep")
 TRIAL_ATTR = "trial_code"  # trial user attribute: record() of the code it trained with (last)
 
 
@@ -135,3 +137,16 @@ def _sha256(path: str) -> str:
             return hashlib.sha256(fh.read()).hexdigest()
     except OSError:
         return ""
+
+
+def record_on(trial: Any, frozen: Any, code: dict[str, Any]) -> None:
+    """Record the code the trial trains with now; warn where it differs from the code it trained with
+    before it was interrupted (its checkpoints were written by that code)."""
+    stored = frozen.user_attrs.get(TRIAL_ATTR)
+    changed = differences(stored, code)
+    if changed:
+        log.warning("trial %d: its code changed since it last trained: %s (sha256 %s -> %s); it goes on with the "
+                    "new code from checkpoints the old code wrote", frozen.number, ", ".join(changed),
+                    stored["sha256"][:12], code["sha256"][:12])
+    if stored != code:
+        trial.set_user_attr(TRIAL_ATTR, code)

@@ -113,7 +113,7 @@ def exit_now(code: int) -> None:
     """Exit with `code` without waiting for the threads the trial's code left running."""
     threads = leftover_threads()
     if threads:
-        print(f"sweep: not waiting for {len(threads)} thread(s) the trial's code left running "
+        print(f"sweep: not waiting for {len(threads)} {'thread' if len(threads) == 1 else 'threads'} the trial's code left running "
               f"({', '.join(t.name for t in threads[:5])})", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable
 
 from sweep.errors import Interrupted, SweepError
+from sweep.words import count
 
 if TYPE_CHECKING:  # light at import: `run` calls prestart() before it imports JAX, Orbax, Optuna
     from sweep.config import Config, Source
@@ -232,7 +233,7 @@ def _run_dask(config: Config, n_jobs: int, stop: StopSignal, quiet: bool, verbos
 
     threading.Thread(target=forward_stop, name="sweep-dask-forward", daemon=True).start()
     resources = config.study.parallel.resources
-    log.info("running %d worker(s) on the Dask cluster at %s%s", n_jobs, config.study.parallel.address,
+    log.info("running %s on the Dask cluster at %s%s", count(n_jobs, "worker"), config.study.parallel.address,
              f", each with resources {dict(resources)}" if resources else "")
     try:
         # parallel.resources: each worker's task waits for a Dask worker with that much of each resource

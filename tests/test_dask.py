@@ -52,7 +52,7 @@ def test_dask_backend_runs_trials_on_the_cluster_and_equals_one_process(write_st
     (study.parent / "pid_trial.py").write_text(PID_TRIAL)
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
-    assert f"running 2 worker(s) on the Dask cluster at {address}" in result.stderr
+    assert f"running 2 workers on the Dask cluster at {address}" in result.stderr
     assert "study t: 4/4 trials finished (4 complete" in result.stdout
     pids = {int(p) for p in (study.parent / "pids.txt").read_text().split()}
     assert pids and pids <= worker_pids, (pids, worker_pids)  # no trial ran in the CLI's process
@@ -102,7 +102,7 @@ def test_dask_workers_with_device_resources_each_run_one_sweep_worker(write_stud
         (study.parent / "pid_trial.py").write_text(PID_TRIAL)
         result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
-    assert "running 2 worker(s) on the Dask cluster at" in result.stderr
+    assert "running 2 workers on the Dask cluster at" in result.stderr
     assert "each with resources {'device': 1.0}" in result.stderr
     pids = {int(p) for p in (study.parent / "pids.txt").read_text().split()}
     assert pids == worker_pids, (pids, worker_pids)  # both Dask workers trained: one sweep worker each

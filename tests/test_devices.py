@@ -77,7 +77,7 @@ def test_more_devices_than_jax_sees_is_a_study_file_error(write_study):
     study = write_study(**SETTINGS)
     proc = Running("run", study, cwd=study.parent, env={"XLA_FLAGS": ""})
     assert proc.finish() == 2
-    assert ("train.devices: must be at most the 1 cpu device(s) JAX sees "
+    assert ("train.devices: must be at most the 1 cpu device JAX sees "
             "(on the CPU: XLA_FLAGS=--xla_force_host_platform_device_count=4), got 4") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (study.parent / "runs").exists()
@@ -110,7 +110,7 @@ def test_n_jobs_2_x_devices_2_on_4_devices_trains_on_disjoint_slots_and_equals_o
     assert Running("run", reference, "--n-jobs", "1", cwd=reference.parent, env=FOUR).finish() == 0
     study = write_study(**settings)
     proc = _run_jobs(study, "2")
-    assert "2 worker(s) on 4 cpu device(s) (XLA_FLAGS): cpu:0,cpu:1 | cpu:2,cpu:3" in proc.stderr
+    assert "2 workers on 4 cpu devices (XLA_FLAGS): cpu:0,cpu:1 | cpu:2,cpu:3" in proc.stderr
     trials = study_of(study).trials
     devices = {t.number: tuple(t.user_attrs["devices"]) for t in trials}
     assert all(len(d) == 2 for d in devices.values()), devices
@@ -163,7 +163,7 @@ def test_trials_per_device_2_packs_n_jobs_auto_4_workers_on_2_devices(write_stud
     study = write_study(**{**SLOTS, "parallel": {"n_jobs": "auto", "trials_per_device": 2}})
     proc = Running("run", study, cwd=study.parent, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     assert proc.finish() == 0, proc.stderr
-    assert "4 worker(s) on 2 cpu device(s) (XLA_FLAGS): cpu:0 | cpu:1 | cpu:0 | cpu:1" in proc.stderr
+    assert "4 workers on 2 cpu devices (XLA_FLAGS): cpu:0 | cpu:1 | cpu:0 | cpu:1" in proc.stderr
     trials = study_of(study).trials
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
     assert {tuple(t.user_attrs["devices"]) for t in trials} <= {("cpu:0",), ("cpu:1",)}

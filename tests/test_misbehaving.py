@@ -113,6 +113,6 @@ def test_misbehaving_trials_fail_alone_and_the_study_goes_on(tmp_path):
     # Retried once (max_retries: 1), except NaN, which is deterministic.
     assert {m: trials[m].user_attrs["failures"] for m in failed} == {m: 1 if m == "nan_loss" else 2 for m in failed}
     assert all(trials[m].state.name == "COMPLETE" for m in ("ok", "print_data", "print_loss", "thread_init"))
-    assert "its code left 1 thread(s) running (leaky)" in result.stderr
+    assert "its code left 1 thread running (leaky)" in result.stderr
     status = run_cli("status", study, "--json", cwd=tmp_path)
     assert status.returncode == 0 and len(json.loads(status.stdout)["trials"]) == len(modes)  # no print in it

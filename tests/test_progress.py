@@ -26,7 +26,7 @@ def test_log_lines_report_step_metric_speed_and_checkpoint_age(write_study):
                       r"eta (\d+:\d\d), checkpoint (\d+:\d\d) ago")
     assert int(m.group(1)) >= 500 and int(m.group(4)) > 0  # per step: the runner shares its step in-process
     assert float(m.group(3)) <= float(m.group(2))
-    proc.wait_for(r"study: 0/1 trials finished, no trial complete yet")
+    proc.wait_for(r"study: 0/1 trial finished, no trial complete yet")
     kill9(proc)
 
 
@@ -60,14 +60,14 @@ def test_live_table_redraws_running_trials(write_study):
         return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())
 
     def drawn() -> bool:
-        return "0/1 trials finished" in text() and re.search(r"\b0\b.*\d+/100000", text()) is not None
+        return "0/1 trial finished" in text() and re.search(r"\b0\b.*\d+/100000", text()) is not None
 
     with progress.Display(Session(config_lib.load(study)), live=True, console=console):
         deadline = time.monotonic() + 60
         while not drawn() and time.monotonic() < deadline:  # the first redraw with the trial's row
             time.sleep(0.05)
     kill9(proc)
-    assert "0/1 trials finished" in text()
+    assert "0/1 trial finished" in text()
     assert re.search(r"\b0\b.*\d+/100000", text())
 
 

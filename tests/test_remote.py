@@ -165,7 +165,7 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
 
     again = Running("run", b, cwd=b.parent, env={**os.environ, "SWEEP_HOST": "host-b"})
     assert again.finish() == 0, again.stderr
-    assert "trial 1: fetched step(s)" in again.stderr, again.stderr
+    assert "trial 1: fetched step" in again.stderr, again.stderr
     assert cli_snapshot(b) == reference(**settings)
 
     out = tmp_path / "c-export"

@@ -280,7 +280,7 @@ def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study)
     result = run_cli("run", study, "--verbose", cwd=study.parent)
     assert result.returncode == 0, result.stderr
     # Only the hyperparameter the code branches on becomes a constant; the log names it once.
-    assert result.stderr.count("training uses hyperparameter(s) learning_rate as a Python value "
+    assert result.stderr.count("training uses hyperparameter learning_rate as a Python value "
                                "(TracerBoolConversionError)") == 1, result.stderr
     assert [t.state.name for t in study_of(study).trials] == ["COMPLETE", "COMPLETE"]
 
@@ -439,7 +439,7 @@ def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, 
     assert compiled.FUNCTIONS.static_names(module, "window") == {"dropout"}  # learning_rate stays traced
     # (as a set: another test's handler on the "sweep" logger may also pass records to caplog)
     assert {r.getMessage() for r in caplog.records if "as a Python value" in r.getMessage()} == {
-        "dropout_trial_fb: training uses hyperparameter(s) dropout as a Python value (TracerBoolConversionError), "
+        "dropout_trial_fb: training uses hyperparameter dropout as a Python value (TracerBoolConversionError), "
         "so each value compiles its own program; write it with jnp operations (e.g. jnp.where) to share one program"}
     before = compile_events.COMPILES.copy()
     _train(config, 1, {"learning_rate": 0.02, "dropout": 0.2}, tmp_path / "b")  # another learning rate

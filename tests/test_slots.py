@@ -53,7 +53,7 @@ def test_plan_on_one_device_is_none_today_s_sharing():
     (5, 1, 1, "parallel.n_jobs: 5 workers x train.devices 1 need 5 cpu devices, the host has 4: at most 4 workers"),
     (9, 2, 4, "parallel.n_jobs: 9 workers x train.devices 2 / trials_per_device 4 need 5 cpu devices, the host has "
               "4: at most 8 workers (n_jobs: auto), got 9"),
-    (1, 5, 1, "train.devices: must be at most the 4 cpu device(s) JAX sees"),
+    (1, 5, 1, "train.devices: must be at most the 4 cpu devices JAX sees"),
 ])
 def test_plan_more_workers_than_devices_is_a_study_file_error(n, k, m, message):
     with pytest.raises(ConfigError) as err:

@@ -28,7 +28,7 @@ def test_status_running_for_live_worker_then_interrupted_after_kill9(write_study
     wait_for_checkpoint(Path(yaml.safe_load(study.read_text())["workdir"]) / "checkpoints" / "trial_0000", 1000)
     assert _states(study) == ["RUNNING"]
     table = run_cli("status", study).stdout
-    assert "RUNNING" in table and "study t: 0/1 trials finished" in table
+    assert "RUNNING" in table and "study t: 0/1 trial finished" in table
     kill9(proc)
     assert _states(study) == ["INTERRUPTED"]
     assert "INTERRUPTED" in run_cli("status", study).stdout

@@ -84,3 +84,22 @@ def test_errors_users_catch_are_exported_from_the_package():
     # The rest are raised inside a run and turned into states or exit codes before they reach a user.
     assert caught - {"NonFiniteMetric", "TakenOver", "RemoteFault"} <= set(sweep.__all__)
     assert all(getattr(sweep, name) is getattr(errors, name) for name in caught & set(sweep.__all__))
+
+
+def test_no_module_is_over_400_lines():
+    long = {p.name: n for p in SWEEP.glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these along their jobs: {long}"
+
+
+def test_no_message_hedges_its_plural_with_s_in_parentheses():
+    """What sweep prints counts in words ('1 trial', '2 trials': sweep/words.py), never 'trial(s)'."""
+    hedged = []
+    for path in SWEEP.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        hedged += [f"{path.name}:{n.lineno}" for n in ast.walk(tree)
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+                   and re.search(r"[a-z]\(s\)", n.value)]
+    assert not hedged, hedged
