@@ -33,8 +33,10 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     def node_run(i: int) -> Running:
         return Running("run", study, "--n-jobs", "auto", cwd=nodes[i], env={"SWEEP_HOST": f"node-{i}"})
 
-    first = node_run(0)
+    first, second = node_run(0), node_run(1)  # both nodes train at once, each a trial of its own
     number = int(first.wait_for(r"trial (\d+): started").group(1))
+    other = int(second.wait_for(r"trial (\d+): started").group(1))
+    assert other != number
     wait_for_checkpoint(nodes[0] / "runs" / "t" / "checkpoints" / f"trial_{number:04d}", 20000)
     deadline = time.monotonic() + 300
     tier = None
@@ -49,7 +51,6 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     kill9(first)
     assert f"trial {number}: complete" not in first.stderr, "the trial ended before the kill: make it longer"
     shutil.rmtree(nodes[0])  # the node is gone with its disk
-    second = node_run(1)
     assert second.finish() == 0, second.stderr
     assert f"trial {number}: resumed from step" in second.stderr  # after node 0's lease, from the bucket
     assert f"trial {number}: fetched step" in second.stderr

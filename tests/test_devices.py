@@ -116,10 +116,11 @@ def test_n_jobs_2_x_devices_2_on_4_devices_trains_on_disjoint_slots_and_equals_o
     assert all(len(d) == 2 for d in devices.values()), devices
     assert set(devices.values()) == {("cpu:0", "cpu:1"), ("cpu:2", "cpu:3")}  # both slots used
     spans = _intervals(study)
-    for a in spans:  # trials that ran at the same time never shared a device
-        for b in spans:
-            if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]:
-                assert not set(devices[a]) & set(devices[b]), (a, b, devices)
+    overlapping = [(a, b) for a in spans for b in spans
+                   if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]]
+    assert overlapping, spans  # the two workers did train at the same time
+    for a, b in overlapping:  # and trials that ran at the same time never shared a device
+        assert not set(devices[a]) & set(devices[b]), (a, b, devices)
     status = json.loads(run_cli("status", study, "--json", cwd=study.parent).stdout)
     assert {t["number"]: tuple(t["devices"]) for t in status["trials"]} == devices
     assert "devices" in run_cli("status", study, cwd=study.parent).stdout.splitlines()[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import json
 import re
@@ -207,3 +208,57 @@ def test_no_document_outside_the_repository_is_cited():
     status = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["status"]
     assert "docs/reference.md" in parser.format_help()  # python -m sweep --help
     assert "docs/reference.md" in status.format_help()  # python -m sweep status --help
+
+
+API_BLOCK_HEAD = "sweep.open("  # docs/reference.md's Python API block: signatures, checked above
+
+
+def test_every_python_block_is_a_named_example_a_sketch_or_the_api_block():
+    """A python block of the README or docs/ runs in a test (`<!-- example: NAME -->`), or says it is
+    an outline of a file the tests run (`<!-- sketch: path -->`), or is the reference's signatures."""
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            before = text[:m.start()].rstrip("\n").splitlines()[-1]
+            where = f"{page_name(page)}:{text[:m.start()].count(chr(10)) + 1}"
+            if m.group(1).lstrip().startswith(API_BLOCK_HEAD):
+                continue  # signatures, not a program
+            ast.parse(m.group(1))  # at least it is Python
+            sketch = re.fullmatch(r"<!-- sketch: (\S+) -->", before)
+            if sketch:
+                assert (REPO / sketch.group(1)).is_file(), f"{where}: the sketch's file {sketch.group(1)} is missing"
+            else:
+                assert re.fullmatch(r"<!-- example: \S+ -->", before), \
+                    f"{where}: a python block that no test runs (name it <!-- example: NAME -->)"
+
+
+def test_every_named_example_is_run_by_a_test():
+    names = {m.group(1) for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+             for m in re.finditer(r"^<!-- example: (\S+) -->$", page.read_text(), re.M)}
+    tests = " ".join(p.read_text() for p in (REPO / "tests").rglob("*.py") if p.name != "doc_blocks.py")
+    assert names and not [n for n in names if f'"{n}"' not in tests], names
+
+
+def test_enqueue_with_optuna_example_adds_a_waiting_trial(tmp_path, monkeypatch):
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "digits-mlp").mkdir(parents=True)
+    optuna.create_study(study_name="digits-mlp", storage="sqlite:///runs/digits-mlp/study.db")
+    exec(compile(example("enqueue_with_optuna.py"), "docs/search.md", "exec"), {})
+    (trial,) = optuna.load_study(study_name="digits-mlp", storage="sqlite:///runs/digits-mlp/study.db").trials
+    assert trial.state == optuna.trial.TrialState.WAITING
+    assert trial.system_attrs["fixed_params"] == {"learning_rate": 0.02, "hidden": 32}  # Optuna's enqueue
+
+
+def test_search_space_example_samples_exactly_the_active_parameters():
+    import optuna
+
+    scope: dict[str, Any] = {}
+    exec(compile(example("search_space.py"), "docs/search.md", "exec"), scope)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda trial: scope["search_space"](trial) or 0.0, n_trials=12)
+    seen = {frozenset(t.params) for t in study.trials}
+    assert seen == {frozenset({"optimizer", "learning_rate", "momentum"}),
+                    frozenset({"optimizer", "learning_rate", "b1"})}
+    assert all(("momentum" in t.params) == (t.params["optimizer"] == "sgd") for t in study.trials)

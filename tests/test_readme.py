@@ -66,6 +66,11 @@ def test_readme_export_and_load_example_runs(tmp_path):
     predicted, true = re.search(r"predicted (\[.*?\]) true (\[.*?\])", result.stdout).groups()
     assert sum(a == b for a, b in zip(eval(predicted), eval(true))) >= 7  # it really predicts digits
     assert "ScaleByAdamState" in result.stdout or "TraceState" in result.stdout
+    (tmp_path / "load_variables.py").write_text(_example("load_variables.py"))  # docs/export.md
+    result = subprocess.run([sys.executable, "load_variables.py"], cwd=tmp_path, env=cli_env(), capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['params'] (10, 10)"
 
 
 @pytest.mark.slow
