@@ -175,9 +175,12 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         # readers) is set anew wherever it differs, also for a trial killed between ask and set.
         ckpt_dir = str(config.checkpoint_dir(claimed.number))
         recorded = frozen.user_attrs.get(CHECKPOINT_DIR)
-        if recorded and recorded != ckpt_dir and newest_step(ckpt_dir) is None and newest_step(recorded) is not None:
+        if (recorded and recorded != ckpt_dir and session.remote is None and newest_step(ckpt_dir) is None
+                and newest_step(recorded) is not None):
             # Not a moved study (its folder would have the steps) but another workdir for the same
             # storage (a relative default workdir run from another directory): keep the trial's work.
+            # Not with a bucket: workdirs are then each host's own and the trial comes from the bucket
+            # (another host's folder seen at the same path must not be written to, nor left unpruned).
             log.warning("trial %d: no checkpoint under this run's workdir (%s); its checkpoints are at %s, where it "
                         "ran last: resuming from there (run from the directory the study was started in, or set "
                         "workdir, to keep them together)", claimed.number, ckpt_dir, recorded)

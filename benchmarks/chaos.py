@@ -1,0 +1,560 @@
+"""Chaos campaign (issue 31): several hosts on one PostgreSQL database and one S3 bucket, faults at
+seeded random moments, then the guarantees checked over the whole history.
+
+    .venv/bin/python benchmarks/chaos.py --minutes 30 --seed 1 --report chaos-report.json
+
+Each "host" is a `python -m sweep run study.yaml` process with its own SWEEP_HOST and its own
+workdir (a tmpfs of its own where this runs as root, so its disk can fill). Every few seconds the
+seeded schedule injects one fault:
+
+  kill9      SIGKILL of a worker                 sigterm   SIGTERM of a worker (exit 143)
+  freeze     SIGSTOP of a worker past the lease  pg        PostgreSQL restarted (pg_ctlcluster)
+  s3         the bucket away for seconds         disk      a host's tmpfs filled, then freed
+  damage     a file of a running trial's newest committed step overwritten in place
+
+A worker that exits is started again with the same command while the campaign runs; afterwards
+every fault is undone, dead hosts are restarted, and all must exit 0. Then the invariants:
+
+  - exactly n_trials trials finished (COMPLETE or PRUNED), none FAIL, none left RUNNING/WAITING;
+  - each trial is the uninterrupted run's trial of that number: the same params, and every
+    evaluation it reported equal bit for bit to the reference's at that step (the reference runs
+    with no pruner: which trials the median pruner cuts depends on which other trials had reported
+    when it asked, with several workers; what a trial computes does not); a COMPLETE trial ends
+    with the reference's value, best and last step;
+  - keep_trials held: only the K best COMPLETE trials have checkpoints, on any host or in the bucket;
+  - no temporary folder left (Orbax's *.orbax-checkpoint-tmp*, sweep's dot-names);
+  - `sweep export` from an empty folder (reading the bucket) writes every kept trial and each
+    exported trial's params equal the ones exported from the hosts' checkpoints.
+
+The report (JSON) lists the faults injected and the invariants; the seed reproduces a schedule.
+The faults that need root (disk, pg) are left out where this does not run as root.
+tests/test_chaos.py runs its short form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BUCKET = "chaos"
+PG_ADMIN = os.environ.get("SWEEP_TEST_POSTGRES", "postgresql+psycopg://postgres@localhost/postgres")
+KINDS = ("kill9", "sigterm", "freeze", "pg", "s3", "disk", "damage")
+LEASE_GRACE = 3.0
+KINDS_ROUND: list[str] = list(KINDS)  # the kinds a round of the schedule takes (campaign sets it)
+
+
+class Proxy:
+    """A TCP relay in front of the S3 server: stopping it is an outage that keeps the bucket's
+    objects (moto's server keeps them in memory, so stopping the server itself would lose them)."""
+
+    def __init__(self, target: int) -> None:
+        self.target, self.port = target, _free_port()
+        self._sock: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(64)
+        self._sock = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def stop(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    @property
+    def up(self) -> bool:
+        return self._sock is not None
+
+    def _accept(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = sock.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def optuna_logging() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_cluster() -> list[str] | None:
+    versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
+    if os.geteuid() != 0 or not versions or shutil.which("pg_ctlcluster") is None:
+        return None
+    return ["pg_ctlcluster", versions[-1], "main", "restart"]
+
+
+def _mount(folder: Path, size: str) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True).returncode == 0
+
+
+class Host:
+    """One host: its folder, its current `sweep run` process, and every run's exit code."""
+
+    def __init__(self, index: int, folder: Path, study: Path, env: dict[str, str]) -> None:
+        self.index, self.folder, self.study, self.env = index, folder, study, env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs: list[int] = []
+        self.frozen = False
+        self.log = open(folder.parent / f"host{index}.log", "ab")
+
+    def start(self) -> None:
+        self.log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
+        self.log.flush()
+        self.proc = subprocess.Popen([sys.executable, "-m", "sweep", "run", str(self.study)], cwd=self.folder,
+                                     env={**self.env, "SWEEP_HOST": f"host-{self.index}"},
+                                     stdout=self.log, stderr=self.log)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reap(self) -> int | None:
+        """The exit code of a run that ended since the last call, else None."""
+        if self.proc is not None and self.proc.poll() is not None:
+            code, self.proc = self.proc.returncode, None
+            self.runs.append(code)
+            self.log.write(f"--- exit {code} {time.strftime('%H:%M:%S')}\n".encode())
+            self.log.flush()
+            return code
+        return None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signum)  # type: ignore[union-attr]
+
+
+def study_file(folder: Path, storage: str, n_trials: int, steps: int, pruner: bool, remote: str | None,
+               name: str) -> Path:
+    data: dict[str, Any] = {
+        "name": name, "trial": "trials.digits_mlp", "n_trials": n_trials, "storage": storage,
+        "objective": {"metric": "val_loss", "direction": "minimize"},
+        "sampler": {"type": "random", "seed": 11},
+        "pruner": ({"type": "median", "n_startup_trials": 2, "n_warmup_steps": steps // 2} if pruner
+                   else {"type": "none"}),
+        "search_space": {"learning_rate": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True},
+                         "hidden": {"type": "int", "low": 16, "high": 64, "step": 16}},
+        "fixed": {"batch_size": 32},
+        "train": {"steps": steps, "eval_every": steps // 20, "seed": 0},
+        "checkpoint": {"every_steps": steps // 10, "keep_last": 2, "keep_best": 1, "keep_trials": 2},
+        "parallel": {"lease_grace_seconds": LEASE_GRACE},
+    }
+    if remote:
+        data["checkpoint"]["remote"] = remote
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _create_database() -> tuple[str, Any]:
+    import sqlalchemy as sa
+
+    name = f"sweep_chaos_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}", drop
+
+
+def _damage(hosts: list[Host], storage: str, name: str, rng: random.Random) -> str | None:
+    """Overwrite the middle of one file of the newest committed step of a RUNNING trial."""
+    import optuna
+
+    try:
+        running = [t.number for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+                   if t.state.name == "RUNNING"]
+    except Exception:  # noqa: BLE001 - not created yet, or the database is restarting: no target now
+        return None
+    candidates = []
+    for host in hosts:
+        for number in running:
+            folder = host.folder / "runs" / name / "checkpoints" / f"trial_{number:04d}"
+            steps = sorted((p for p in folder.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+            if steps:
+                files = [f for f in steps[-1].rglob("*") if f.is_file() and f.stat().st_size > 16]
+                candidates += files
+    if not candidates:
+        return None
+    target = rng.choice(sorted(candidates))
+    try:
+        with open(target, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(size // 2)
+            f.write(bytes(rng.randrange(256) for _ in range(min(16, size - size // 2))))
+    except OSError:
+        return None
+    return str(target.relative_to(target.parents[4]))
+
+
+def _fill(folder: Path) -> Path:
+    """Fill the tmpfs at `folder` to the last byte; the filler file is returned (removed to grow)."""
+    filler = folder / "filler.bin"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int, steps: int,
+             storage: str | None = None, kinds: tuple[str, ...] = KINDS, say: Any = print,
+             beside: bool = False) -> dict[str, Any]:
+    """Run one campaign under `root`; its report (see the module's docstring). `beside`: the
+    reference trains while the campaign runs (a long campaign: its reference is as long)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the S3 server's request log
+    optuna_logging()
+
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    drop = None
+    if storage is None:
+        storage, drop = _create_database()
+    s3_port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
+    server.start()
+    proxy = Proxy(s3_port)
+    proxy.start()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "AWS_ACCESS_KEY_ID": "chaos",
+           "AWS_SECRET_ACCESS_KEY": "chaos", "AWS_DEFAULT_REGION": "us-east-1"}
+    mounted: list[Path] = []
+    report: dict[str, Any] = {"seed": seed, "minutes": minutes, "workers": workers, "n_trials": n_trials,
+                              "steps": steps, "faults": [], "skipped_kinds": []}
+    try:
+        import boto3
+
+        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3_port}", aws_access_key_id="chaos",
+                     aws_secret_access_key="chaos", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        name = "chaos"
+        say(f"reference: the same study uninterrupted, one process, no pruner ({n_trials} trials)"
+            + (", beside the campaign" if beside else ""))
+        ref_dir = root / "reference"
+        ref_dir.mkdir()
+        ref_study = study_file(ref_dir, f"sqlite:///{ref_dir / 'study.db'}", n_trials, steps, False, None, name)
+        t0 = time.monotonic()
+        ref_log = open(root / "reference.log", "wb")
+        ref_proc = subprocess.Popen([sys.executable, "-m", "sweep", "run", str(ref_study)], cwd=ref_dir, env=env,
+                                    stdout=ref_log, stderr=ref_log)
+        if not beside:
+            assert ref_proc.wait() == 0, (root / "reference.log").read_text()[-3000:]
+            report["reference_seconds"] = round(time.monotonic() - t0, 1)
+        study = study_file(root, storage, n_trials, steps, True, f"s3://{BUCKET}/campaign", name)
+        hosts = []
+        for i in range(workers):
+            folder = root / f"host{i}"
+            folder.mkdir()
+            if "disk" in kinds and _mount(folder, "128m"):
+                mounted.append(folder)
+            hosts.append(Host(i, folder, study, env))
+        active = [k for k in kinds if not ((k == "pg" and _pg_cluster() is None) or (k == "disk" and not mounted))]
+        report["skipped_kinds"] = sorted(set(kinds) - set(active))
+        global KINDS_ROUND
+        KINDS_ROUND = active
+        schedule: list[str] = []
+        for host in hosts:
+            host.start()
+            time.sleep(0.5)  # one creates the study, the others open it
+        undo: list[tuple[float, str, Any]] = []  # (when, what, target)
+        start = time.monotonic()
+        deadline = start + minutes * 60
+        next_fault = start + rng.uniform(4, 8)
+        finished = False
+        while time.monotonic() < deadline and not finished:
+            now = time.monotonic()
+            for when, what, target in [u for u in undo if u[0] <= now]:
+                undo.remove((when, what, target))
+                _undo(what, target, proxy)
+            for host in hosts:
+                code = host.reap()
+                if code == 0:
+                    finished = True  # a run exits 0 once the study has n_trials finished
+                elif code is not None and not host.frozen:
+                    host.start()
+            if now >= next_fault:
+                fault = _inject(rng, schedule, hosts, proxy, storage, name, undo, now)
+                if fault:
+                    fault["t"] = round(now - start, 1)
+                    report["faults"].append(fault)
+                    say(f"{fault['t']:7.1f}s {fault['kind']}: {fault.get('target', '')}")
+                next_fault = now + rng.uniform(2, 6)
+            time.sleep(0.1)
+        report["fault_seconds"] = round(time.monotonic() - start, 1)
+        say("faults over: everything undone, every host runs until the study is finished")
+        for _, what, target in undo:
+            _undo(what, target, proxy)
+        finish_by = time.monotonic() + 900
+        done = set()
+        for host in hosts:
+            if not host.alive():
+                host.reap()
+                host.start()
+        while len(done) < len(hosts) and time.monotonic() < finish_by:
+            for host in hosts:
+                if host.index in done:
+                    continue
+                code = host.reap()
+                if code == 0:
+                    done.add(host.index)
+                elif code is not None:
+                    host.start()
+            time.sleep(0.2)
+        report["total_seconds"] = round(time.monotonic() - start, 1)
+        if beside:
+            assert ref_proc.wait() == 0, (root / "reference.log").read_text()[-3000:]
+            report["reference_seconds"] = round(time.monotonic() - t0, 1)
+        report["exit_codes"] = {f"host-{h.index}": h.runs for h in hosts}
+        report["invariants"] = check(root, study, ref_study, hosts, storage, name, env)
+        report["held"] = all(v is True for v in report["invariants"].values())
+        return report
+    finally:
+        proxy.stop()
+        for host in hosts if "hosts" in locals() else []:
+            if host.alive():
+                host.signal(signal.SIGCONT)
+                host.signal(signal.SIGKILL)
+                host.proc.wait()  # type: ignore[union-attr]
+        server.stop()
+        for folder in mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+        if drop is not None:
+            drop()
+
+
+def _inject(rng: random.Random, kinds: list[str], hosts: list[Host], proxy: Proxy, storage: str, name: str,
+            undo: list[tuple[float, str, Any]], now: float) -> dict[str, Any] | None:
+    """Inject the next fault of `kinds` (a seeded round: each kind once per round, in random order; a
+    kind with no target now goes to the end of its round)."""
+    if not kinds:
+        kinds += rng.sample(KINDS_ROUND, len(KINDS_ROUND))
+    kind = kinds.pop(0)
+    fault = _inject_kind(kind, rng, hosts, proxy, storage, name, undo, now)
+    if fault is None and kinds:
+        kinds.append(kind)  # later in this round
+    return fault
+
+
+def _inject_kind(kind: str, rng: random.Random, hosts: list[Host], proxy: Proxy, storage: str, name: str,
+                 undo: list[tuple[float, str, Any]], now: float) -> dict[str, Any] | None:
+    alive = [h for h in hosts if h.alive() and not h.frozen]
+    if kind in ("kill9", "sigterm", "freeze"):
+        if not alive:
+            return None
+        host = rng.choice(alive)
+        if kind == "freeze":
+            host.signal(signal.SIGSTOP)
+            host.frozen = True
+            undo.append((now + LEASE_GRACE + rng.uniform(1, 4), "thaw", host))
+        else:
+            host.signal(signal.SIGKILL if kind == "kill9" else signal.SIGTERM)
+        return {"kind": kind, "target": f"host-{host.index}"}
+    if kind == "pg":
+        result = subprocess.run(_pg_cluster() or [], capture_output=True, text=True)  # blocks for seconds
+        return {"kind": kind, "target": "postgresql", "ok": result.returncode == 0}
+    if kind == "s3":
+        if not proxy.up:
+            return None
+        proxy.stop()
+        undo.append((now + rng.uniform(2, 8), "s3", None))
+        return {"kind": kind, "target": "bucket"}
+    if kind == "disk":
+        candidates = [h for h in hosts if h.folder.is_mount() and not (h.folder / "filler.bin").exists()]
+        if not candidates:
+            return None
+        host = rng.choice(candidates)
+        filler = _fill(host.folder)
+        undo.append((now + rng.uniform(3, 10), "grow", filler))
+        return {"kind": kind, "target": f"host-{host.index}"}
+    if kind == "damage":
+        target = _damage(hosts, storage, name, rng)
+        return {"kind": kind, "target": target} if target else None
+    raise AssertionError(kind)
+
+
+def _undo(what: str, target: Any, proxy: Proxy) -> None:
+    if what == "thaw":
+        target.signal(signal.SIGCONT)
+        target.frozen = False
+    elif what == "s3" and not proxy.up:
+        proxy.start()
+    elif what == "grow":
+        target.unlink(missing_ok=True)
+
+
+def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: str, name: str,
+          env: dict[str, str]) -> dict[str, Any]:
+    """The invariants (module docstring): name -> True, or what broke it."""
+    import optuna
+
+    out: dict[str, Any] = {}
+    trials = sorted(optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False),
+                    key=lambda t: t.number)
+    ref = {t.number: t for t in optuna.load_study(
+        study_name=name, storage=f"sqlite:///{ref_study.parent / 'study.db'}").get_trials(deepcopy=False)}
+    states = [t.state.name for t in trials]
+    n_trials = yaml.safe_load(study.read_text())["n_trials"]
+    finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    out["n_trials_finished"] = (True if len(finished) == n_trials and len(trials) == n_trials
+                                else f"{len(finished)} finished of {len(trials)}: {states}")
+    out["no_trial_failed"] = True if "FAIL" not in states else [t.number for t in trials if t.state.name == "FAIL"]
+    broken = []
+    for t in trials:
+        r = ref.get(t.number)
+        if r is None or t.params != r.params:
+            broken.append(f"trial {t.number}: params")
+            continue
+        for step, value in t.intermediate_values.items():
+            if r.intermediate_values.get(step) != value:
+                broken.append(f"trial {t.number}: evaluation at step {step}")
+                break
+        if t.state.name == "COMPLETE" and (t.value != r.value or any(
+                t.user_attrs.get(k) != r.user_attrs.get(k) for k in ("best_step", "best_value", "last_step"))):
+            broken.append(f"trial {t.number}: final value or steps")
+    out["bit_identical_to_uninterrupted"] = True if not broken else broken
+    complete = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: (t.value, t.number))
+    keep = {f"trial_{t.number:04d}" for t in complete[:2]}
+    local = {p.name for h in hosts for p in (h.folder / "runs" / name / "checkpoints").glob("trial_*")
+             if any(s.name.isdigit() for s in p.iterdir())}
+    from sweep.remote import RemoteTier
+
+    env_saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                "AWS_DEFAULT_REGION")}
+    os.environ.update({k: env[k] for k in env_saved})
+    try:
+        tier = RemoteTier(f"s3://{BUCKET}/campaign", optuna.load_study(study_name=name,
+                                                                     storage=storage).user_attrs["remote_root"])
+        remote = {f"trial_{t.number:04d}" for t in trials if tier.steps(f"trial_{t.number:04d}")}
+    finally:
+        for k, v in env_saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    out["keep_trials_held"] = (True if local <= keep and remote <= keep and keep <= local | remote
+                               else {"keep": sorted(keep), "local": sorted(local), "bucket": sorted(remote)})
+    leftovers = [str(p.relative_to(root)) for h in hosts for p in (h.folder / "runs" / name).rglob("*")
+                 if ".orbax-checkpoint-tmp" in p.name or p.name.endswith(".removing") or p.name.endswith(".tmp")]
+    out["no_temporary_folders"] = True if not leftovers else leftovers
+    # Export from an empty folder: every kept step comes from the bucket, checksums verified.
+    fresh = root / "fresh"
+    fresh.mkdir()
+    result = subprocess.run([sys.executable, "-m", "sweep", "export", str(study), "--out", str(fresh / "export")],
+                            cwd=fresh, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        out["export_verifies"] = result.stderr[-2000:]
+    else:
+        index = json.loads((fresh / "export" / "index.json").read_text())
+        exported = {f"trial_{t['number']:04d}" for t in index["trials"]}
+        out["export_verifies"] = True if exported == keep else {"exported": sorted(exported), "keep": sorted(keep)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="how long faults are injected")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=3, help="hosts (one sweep run each)")
+    parser.add_argument("--trials", type=int, default=None, help="n_trials (default: enough for --minutes)")
+    parser.add_argument("--steps", type=int, default=100000, help="training steps per trial")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="faults to inject (comma-separated)")
+    parser.add_argument("--root", type=Path, default=None, help="folder of the campaign (default: a new temp dir)")
+    parser.add_argument("--report", type=Path, default=None, help="write the report (JSON) here too")
+    parser.add_argument("--reference-first", action="store_true",
+                        help="train the uninterrupted reference before the campaign, not beside it")
+    args = parser.parse_args(argv)
+    import tempfile
+
+    root = args.root or Path(tempfile.mkdtemp(prefix="sweep-chaos-"))
+    n_trials = args.trials or max(8, int(args.minutes * 5))  # about what 3 hosts finish per minute here
+    report = campaign(root / "campaign", args.minutes, args.seed, args.workers, n_trials, args.steps,
+                      kinds=tuple(args.kinds.split(",")), beside=not args.reference_first)
+    counts: dict[str, int] = {}
+    for f in report["faults"]:
+        counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+    report["fault_counts"] = counts
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.report:
+        args.report.write_text(text + "\n")
+    print(f"faults injected: {counts}; invariants {'held' if report['held'] else 'BROKEN'} (folder {root})",
+          file=sys.stderr)
+    return 0 if report["held"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
