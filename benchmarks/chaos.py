@@ -71,7 +71,14 @@ class Proxy:
     def start(self) -> None:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
+        for _ in range(100):  # the port of the stopped listener can take a moment to be free
+            try:
+                sock.bind(("127.0.0.1", self.port))
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            sock.bind(("127.0.0.1", self.port))
         sock.listen(64)
         self._sock = sock
         threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
@@ -79,6 +86,10 @@ class Proxy:
     def stop(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept(); close alone does not
+            except OSError:
+                pass
             sock.close()
         with self._lock:
             conns, self._conns = self._conns, []
