@@ -394,6 +394,9 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
         report["held"] = all(v is True for v in report["invariants"].values())
         return report
     finally:
+        if "ref_proc" in locals() and ref_proc.poll() is None:
+            ref_proc.kill()
+            ref_proc.wait()
         proxy.stop()
         for host in hosts if "hosts" in locals() else []:
             if host.alive():
