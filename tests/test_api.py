@@ -15,7 +15,6 @@ import signal
 import sqlite3
 import stat
 import sys
-import textwrap
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -28,48 +27,11 @@ import yaml
 
 import sweep
 from sweep.signals import StopSignal
+from tests.trials.files import trial_source
 
 # Trial modules are imported once per process (module cache): each name here is used by no other
 # test file, and the hygiene tests take fresh names so that they import (and compile) anew.
-TRIAL_SOURCE = textwrap.dedent('''
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    HYPERPARAMETERS = {"learning_rate": 0.05}
-    METRICS = ("val_loss", "val_mae")
-
-
-    def data(hp):
-        rng = np.random.RandomState(0)
-        x = rng.normal(size=(64, 4)).astype(np.float32)
-        y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.1 * rng.normal(size=64).astype(np.float32)
-        return {"x_train": x[:48], "y_train": y[:48], "x_val": x[48:], "y_val": y[48:]}
-
-
-    def init(hp, key, data):
-        return {"w": 0.01 * jax.random.normal(key, (4,)), "b": jnp.zeros(())}
-
-
-    def optimizer(hp):
-        return optax.sgd(hp["learning_rate"])
-
-
-    def batch(hp, data, key):
-        idx = jax.random.randint(key, (16,), 0, 48)
-        return data["x_train"][idx], data["y_train"][idx]
-
-
-    def loss(hp, params, batch, key):
-        x, y = batch
-        return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
-
-
-    def evaluate(hp, params, data):
-        error = data["x_val"] @ params["w"] + params["b"] - data["y_val"]
-        return {"val_loss": jnp.mean(error ** 2), "val_mae": jnp.mean(jnp.abs(error))}
-''')
+TRIAL_SOURCE = trial_source("linear")  # tests/trials/linear.py
 TRIAL = "api_linear"
 STEPS = 40
 REFERENCE_KEYS = {"number", "state", "params", "value", "best_step", "best_value", "last_step", "checkpoint_dir",

@@ -3,7 +3,6 @@ study drops the programs of its taken points (in-process)."""
 
 from __future__ import annotations
 
-import textwrap
 import types
 
 import numpy as np
@@ -11,6 +10,7 @@ import numpy as np
 from sweep import compiled
 from sweep.compiled import FUNCTIONS, FunctionCache
 from test_scheduler import make_study, run
+from tests.trials.files import write_trial
 
 
 def _module(name: str) -> types.ModuleType:
@@ -51,47 +51,11 @@ def test_cache_count_bound_and_retain():
     assert cache.retain(module, lambda static: "lr" not in static) == 0  # lr is traced, not static
 
 
-GRID_TRIAL = "grid_width"
-GRID_SOURCE = textwrap.dedent('''
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    HYPERPARAMETERS = {"learning_rate": 0.05, "width": 2}
-    METRICS = ("val_loss",)
-
-
-    def data(hp):
-        rng = np.random.RandomState(0)
-        x = rng.normal(size=(32, 4)).astype(np.float32)
-        return {"x": x, "y": x.sum(1)}
-
-
-    def init(hp, key, data):
-        return {"w": 0.01 * jax.random.normal(key, (4, hp["width"])), "v": jnp.ones((hp["width"],))}
-
-
-    def optimizer(hp):
-        return optax.sgd(hp["learning_rate"])
-
-
-    def batch(hp, data, key):
-        return data["x"], data["y"]
-
-
-    def loss(hp, params, batch, key):
-        x, y = batch
-        return jnp.mean((x @ params["w"] @ params["v"] - y) ** 2)
-
-
-    def evaluate(hp, params, data):
-        return {"val_loss": loss(hp, params, (data["x"], data["y"]), None)}
-''')
+GRID_TRIAL = "grid_width"  # tests/trials/grid_width.py, a name no other test file uses
 
 
 def test_grid_study_drops_the_programs_of_points_it_has_taken(tmp_path, monkeypatch):
-    (tmp_path / f"{GRID_TRIAL}.py").write_text(GRID_SOURCE)
+    write_trial(tmp_path, GRID_TRIAL)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     study = make_study(tmp_path, trial=GRID_TRIAL, n_trials=3, sampler={"type": "grid"},

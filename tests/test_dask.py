@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import Running, checkpoint_dir, run_cli, snapshot, study_of, wait_for_checkpoint
+from tests.trials.files import write_trial
 
 distributed = pytest.importorskip("distributed")  # in the `test` extra; CI installs it
 
@@ -17,24 +17,11 @@ pytestmark = pytest.mark.slow  # every test here starts real processes
 
 SETTINGS = dict(n_trials=4, sampler={"type": "random", "seed": 11}, pruner={"type": "none"})
 
-# A trial module that records which processes trained (traced the training loss): the cluster's
-# workers, not the CLI (which only evaluates the best checkpoint for its summary).
-PID_TRIAL = textwrap.dedent("""
-    import os
-    from trials import digits_mlp
-    from trials.digits_mlp import HYPERPARAMETERS, METRICS, data, init, optimizer, batch, evaluate, test
 
-    import jax
-
-    def _record():
-        with open("pids.txt", "a") as fh:
-            fh.write(f"{os.getpid()}\\n")
-
-    def loss(hp, params, batch, key):
-        # When a step runs, not when it is traced (the CLI traces one step before it dispatches).
-        jax.debug.callback(_record)
-        return digits_mlp.loss(hp, params, batch, key)
-""")
+def trained_pids(folder: Path) -> set[int]:
+    """The processes that trained (tests/trials/digits_recording.py logs each step's pid): the
+    cluster's workers, not the CLI (which only evaluates the best checkpoint for its summary)."""
+    return {int(line.split(" ", 1)[0]) for line in (folder / "pids.txt").read_text().splitlines()}
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +36,12 @@ def test_dask_backend_runs_trials_on_the_cluster_and_equals_one_process(write_st
     address, worker_pids = cluster
     study = write_study(trial="pid_trial", parallel={"n_jobs": 2, "backend": "dask", "address": address},
                         **SETTINGS)
-    (study.parent / "pid_trial.py").write_text(PID_TRIAL)
+    write_trial(study.parent, "pid_trial", "digits_recording", LOG="pids.txt")
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
     assert f"running 2 workers on the Dask cluster at {address}" in result.stderr
     assert "study t: 4/4 trials finished (4 complete" in result.stdout
-    pids = {int(p) for p in (study.parent / "pids.txt").read_text().split()}
+    pids = trained_pids(study.parent)
     assert pids and pids <= worker_pids, (pids, worker_pids)  # no trial ran in the CLI's process
     assert snapshot(study) == reference(**SETTINGS)  # random sampler: params and values bit for bit
 
@@ -99,12 +86,12 @@ def test_dask_workers_with_device_resources_each_run_one_sweep_worker(write_stud
         study = write_study(trial="pid_trial", **SETTINGS,
                             parallel={"n_jobs": 2, "backend": "dask", "address": local.scheduler_address,
                                       "resources": {"device": 1}})
-        (study.parent / "pid_trial.py").write_text(PID_TRIAL)
+        write_trial(study.parent, "pid_trial", "digits_recording", LOG="pids.txt")
         result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
     assert "running 2 workers on the Dask cluster at" in result.stderr
     assert "each with resources {'device': 1.0}" in result.stderr
-    pids = {int(p) for p in (study.parent / "pids.txt").read_text().split()}
+    pids = trained_pids(study.parent)
     assert pids == worker_pids, (pids, worker_pids)  # both Dask workers trained: one sweep worker each
     assert all(t.user_attrs["devices"] == ["cpu:0"] for t in study_of(study).trials)
     assert snapshot(study) == reference(**SETTINGS)

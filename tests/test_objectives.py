@@ -1,6 +1,6 @@
 """Several objectives (a Pareto front in status and export, kill -9 and resume, what is refused)
 and warm starts from another study (docs/search.md). Through the real CLI; a tiny trial of two
-competing metrics (tests/tiny_objectives.py) for orchestration, the digits trial for the kill."""
+competing metrics (tests/trials/tiny_objectives.py) for orchestration, the digits trial for the kill."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ TWO = [{"metric": "val_loss", "direction": "minimize"}, {"metric": "n_params", "
 
 def tiny_study(folder: Path, file: str = "study.yaml", **override: Any) -> Path:
     """A study file of the tiny trial (copied beside it), two objectives unless overridden."""
-    shutil.copy(Path(__file__).with_name("tiny_objectives.py"), folder)
+    shutil.copy(Path(__file__).with_name("trials") / "tiny_objectives.py", folder)
     data: dict[str, Any] = {
         "name": Path(file).stem, "trial": "tiny_objectives", "workdir": str(folder / "runs" / Path(file).stem),
         "n_trials": 6, "objectives": TWO, "sampler": {"type": "tpe", "seed": 1, "n_startup_trials": 3},
@@ -121,7 +121,7 @@ def test_multi_objective_kill_9_then_run_equals_an_uninterrupted_copy(tmp_path):
 ])
 def test_objectives_bad_study_file(tmp_path, monkeypatch, override, key, words):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # tiny_objectives
+    monkeypatch.syspath_prepend(str(Path(__file__).with_name("trials")))  # tiny_objectives
     study = tiny_study(tmp_path, **override)
     with pytest.raises(ConfigError, match=f"study.yaml: {key}: {words}"):
         config_lib.load(study)

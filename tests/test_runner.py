@@ -4,42 +4,11 @@ from __future__ import annotations
 
 import re
 import signal
-import textwrap
 import time
 
 import pytest
 from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
-
-FLAKY_TRIAL = textwrap.dedent('''
-    import jax, jax.numpy as jnp, numpy as np, optax
-
-    HYPERPARAMETERS = {"mode": "ok", "learning_rate": 0.05}
-    METRICS = ("val_loss",)
-
-    def data(hp):
-        rng = np.random.RandomState(0)
-        x = rng.normal(size=(256, 4)).astype(np.float32)
-        return {"x": x, "y": x.sum(1)}
-
-    def init(hp, key, data):
-        if hp["mode"] == "raise":
-            raise RuntimeError("init exploded")
-        return {"w": jnp.zeros(4)}
-
-    def optimizer(hp):
-        return optax.sgd(hp["learning_rate"])
-
-    def batch(hp, data, key):
-        return data["x"], data["y"]
-
-    def loss(hp, params, batch, key):
-        x, y = batch
-        return jnp.mean((x @ params["w"] - y) ** 2)
-
-    def evaluate(hp, params, data):
-        value = loss(hp, params, (data["x"], data["y"]), None)
-        return {"val_loss": jnp.nan * value if hp["mode"] == "nan" else value}
-''')
+from tests.trials.files import write_trial  # the trials here: tests/trials/
 
 
 @pytest.mark.slow
@@ -48,7 +17,7 @@ def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_st
                         pruner={"type": "none"}, fixed={},
                         search_space={"mode": {"type": "categorical", "choices": ["ok", "raise", "nan"]}},
                         train={"steps": 100, "eval_every": 50})
-    (study.parent / "flaky_trial.py").write_text(FLAKY_TRIAL)
+    write_trial(study.parent, "flaky_trial", "flaky")
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
     states = {t.params["mode"]: t.state.name for t in study_of(study).trials}
@@ -62,16 +31,13 @@ def test_trial_that_raises_or_reports_nan_fails_alone_and_study_goes_on(write_st
     assert again.returncode == 0 and "trials 0-2: finished, skipped" in again.stderr
 
 
-DIVERGING_TRIAL = FLAKY_TRIAL.replace('return optax.sgd(hp["learning_rate"])', 'return optax.sgd(1e30)')
-
-
 @pytest.mark.slow
 def test_study_whose_trials_all_fail_exits_1_and_says_why(write_study):
     # A diverging learning rate: the training loss is non-finite within the first window.
     study = write_study(trial="diverging_trial", n_trials=2, sampler={"type": "random", "seed": 0},
                         pruner={"type": "none"}, fixed={}, train={"steps": 100, "eval_every": 50},
                         search_space={"learning_rate": {"type": "float", "low": 0.1, "high": 1.0}})
-    (study.parent / "diverging_trial.py").write_text(DIVERGING_TRIAL)
+    write_trial(study.parent, "diverging_trial", "flaky", LEARNING_RATE=1e30)
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 1, result.stderr
     assert "error: no trial completed: 2 failed, 0 pruned; most common failure (2 of 2): NonFiniteMetric" \
@@ -99,50 +65,13 @@ def test_sigint_checkpoints_and_exits_130_resumable(write_study):
     assert [t.state.name for t in study_of(study).trials] in (["COMPLETE", "COMPLETE"], ["COMPLETE", "PRUNED"])
 
 
-FIRST_ATTEMPT_FAILS = textwrap.dedent('''
-    import jax, jax.numpy as jnp, numpy as np, optax
-
-    HYPERPARAMETERS = {"learning_rate": 0.05}
-    METRICS = ("val_loss",)
-    _evaluations = [0]
-
-    def _count(_):
-        _evaluations[0] += 1
-        if _evaluations[0] == 3:  # the third evaluation of this process: a transient fault
-            raise RuntimeError("transient fault")
-
-    def data(hp):
-        x = np.random.RandomState(0).normal(size=(256, 4)).astype(np.float32)
-        return {"x": x, "y": x.sum(1)}
-
-    def init(hp, key, data):
-        return {"w": 0.01 * jax.random.normal(key, (4,))}
-
-    def optimizer(hp):
-        return optax.sgd(hp["learning_rate"])
-
-    def batch(hp, data, key):
-        idx = jax.random.randint(key, (32,), 0, 256)
-        return data["x"][idx], data["y"][idx]
-
-    def loss(hp, params, batch, key):
-        x, y = batch
-        return jnp.mean((x @ params["w"] - y) ** 2)
-
-    def evaluate(hp, params, data):
-        value = loss(hp, params, (data["x"], data["y"]), None)
-        jax.debug.callback(_count, value)
-        return {"val_loss": value}
-''')
-
-
 @pytest.mark.slow
 def test_trial_that_raises_on_first_attempt_succeeds_on_retry_under_same_number(write_study):
     kwargs = dict(trial="first_attempt_fails", n_trials=1, pruner={"type": "none"}, fixed={},
                   search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
                   train={"steps": 400, "eval_every": 50}, checkpoint={"every_steps": 100})
     study = write_study(**kwargs, max_retries=1)
-    (study.parent / "first_attempt_fails.py").write_text(FIRST_ATTEMPT_FAILS)
+    write_trial(study.parent, "first_attempt_fails", "third_evaluation_fails")
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
     assert "Trial 0 failed with parameters" in result.stderr and "transient fault" in result.stderr
@@ -166,11 +95,9 @@ def test_sigterm_grace_period_bounds_the_exit_of_a_stuck_trial(write_study):
                         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
                         checkpoint={"grace_seconds": 0.5})
     stuck = study.parent / "stuck"
-    (study.parent / "stuck_trial.py").write_text(
-        # Stuck in its third evaluation (step 150, past the save at step 100): training, not starting up,
-        # so the signal asks for a final checkpoint that the stuck step never lets it write.
-        FIRST_ATTEMPT_FAILS.replace('raise RuntimeError("transient fault")',
-                                    f'open({str(stuck)!r}, "w").close(); import time; time.sleep(120)'))
+    # Stuck in its third evaluation (step 150, past the save at step 100): training, not starting up,
+    # so the signal asks for a final checkpoint that the stuck step never lets it write.
+    write_trial(study.parent, "stuck_trial", "third_evaluation_fails", HANG_MARKER=str(stuck))
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
     deadline = time.monotonic() + 120
@@ -261,22 +188,11 @@ def test_trials_of_equal_shapes_share_compiled_code(write_study, tmp_path):
     assert compile_events.compilations(compile_events.COMPILES - before) > 0
 
 
-BRANCHY_TRIAL = textwrap.dedent('''
-    from trials.digits_mlp import *  # noqa: F401,F403
-    from trials import digits_mlp as _base
-
-    def loss(hp, params, batch, key):
-        # Python control flow on a float hyperparameter: it cannot be traced.
-        scale = 2.0 if hp["learning_rate"] > 0.01 else 1.0
-        return scale * _base.loss(hp, params, batch, key)
-''')
-
-
 @pytest.mark.slow
 def test_trial_that_branches_on_a_float_hyperparameter_still_trains(write_study):
     study = write_study(trial="branchy_trial", n_trials=2, pruner={"type": "none"},
                         train={"steps": 100, "eval_every": 50})
-    (study.parent / "branchy_trial.py").write_text(BRANCHY_TRIAL)
+    write_trial(study.parent, "branchy_trial", "branchy")
     result = run_cli("run", study, "--verbose", cwd=study.parent)
     assert result.returncode == 0, result.stderr
     # Only the hyperparameter the code branches on becomes a constant; the log names it once.
@@ -304,8 +220,8 @@ def test_a_resumed_trial_compiles_nothing(write_study):
     again.wait_for(r"trial 0: training again")
     again.signal(signal.SIGTERM)
     assert again.finish() == 143
-    pattern = (r"trial 0: (\d+) XLA compilation\(s\) \(window (\d+), evaluate (\d+); [\d.]+ s\), (\d+) "
-               r"executable\(s\) from the persistent cache")
+    pattern = (r"trial 0: XLA compilations (\d+) \(window (\d+), evaluate (\d+); [\d.]+ s\), executables from "
+               r"the persistent cache (\d+)")
     counts = [re.search(pattern, p.stderr) for p in (first, again)]
     assert all(counts), (first.stderr[-3000:], again.stderr[-3000:])
     for m in counts:
@@ -389,36 +305,6 @@ def test_max_write_share_owes_periodic_saves_instead_of_waiting(write_study, tmp
     assert len(owed) < len(exact) and owed[-1][0] == 600
 
 
-DROPOUT_TRIAL = textwrap.dedent('''
-    import jax, jax.numpy as jnp, numpy as np, optax
-
-    HYPERPARAMETERS = {"learning_rate": 0.05, "dropout": 0.0}
-    METRICS = ("val_loss",)
-
-    def data(hp):
-        x = np.random.RandomState(0).normal(size=(64, 4)).astype(np.float32)
-        return {"x": x, "y": x.sum(1)}
-
-    def init(hp, key, data):
-        return {"w": jnp.zeros(4)}
-
-    def optimizer(hp):
-        return optax.sgd(hp["learning_rate"])
-
-    def batch(hp, data, key):
-        return data["x"], data["y"]
-
-    def loss(hp, params, batch, key):
-        x, y = batch
-        if hp["dropout"] > 0:  # a Python branch on a float hyperparameter, as flax's nn.Dropout has
-            x = x * jax.random.bernoulli(key, 1 - hp["dropout"], x.shape) / (1 - hp["dropout"])
-        return jnp.mean((x @ params["w"] - y) ** 2)
-
-    def evaluate(hp, params, data):
-        return {"val_loss": jnp.mean((data["x"] @ params["w"] - data["y"]) ** 2)}
-''')
-
-
 def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, tmp_path, monkeypatch, caplog):
     import logging
 
@@ -426,7 +312,7 @@ def test_fallback_makes_only_the_branched_on_hyperparameter_static(write_study, 
     from sweep import config as config_lib
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "dropout_trial_fb.py").write_text(DROPOUT_TRIAL)
+    write_trial(tmp_path, "dropout_trial_fb", "dropout")
     config = config_lib.load(write_study(
         trial="dropout_trial_fb", fixed={}, train={"steps": 20, "eval_every": 10},
         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1},

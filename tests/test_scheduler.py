@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import textwrap
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -29,63 +28,15 @@ from sweep import config as config_lib
 from sweep.errors import Interrupted
 from sweep.session import Session
 from sweep.signals import StopSignal
+from tests.trials.files import trial_source
 
 # The trial module is imported once per process (module cache): a name no other test file uses.
-# Marker files in the current directory steer its evaluation: `fault` makes the next one raise
-# (and is removed, so a retry succeeds), `nan` makes every one NaN. Without markers every study
-# computes the same, so a run with a fault compares bit for bit with the reference.
+# tests/trials/linear.py with MARKERS: marker files in the current directory steer its evaluation,
+# `fault` makes the next one raise (and is removed, so a retry succeeds), `nan` makes every one
+# NaN. Without markers every study computes the same, so a run with a fault compares bit for bit
+# with the reference.
 TRIAL = "sched_linear"
-TRIAL_SOURCE = textwrap.dedent('''
-    import os
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    HYPERPARAMETERS = {"learning_rate": 0.05}
-    METRICS = ("val_loss",)
-
-
-    def data(hp):
-        rng = np.random.RandomState(0)
-        x = rng.normal(size=(64, 4)).astype(np.float32)
-        y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.1 * rng.normal(size=64).astype(np.float32)
-        return {"x_train": x[:48], "y_train": y[:48], "x_val": x[48:], "y_val": y[48:]}
-
-
-    def init(hp, key, data):
-        return {"w": 0.01 * jax.random.normal(key, (4,)), "b": jnp.zeros(())}
-
-
-    def optimizer(hp):
-        return optax.sgd(hp["learning_rate"])
-
-
-    def batch(hp, data, key):
-        idx = jax.random.randint(key, (16,), 0, 48)
-        return data["x_train"][idx], data["y_train"][idx]
-
-
-    def _mse(params, x, y):
-        return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
-
-
-    def loss(hp, params, batch, key):
-        return _mse(params, *batch)
-
-
-    def _scale(_):
-        if os.path.exists("fault"):
-            os.remove("fault")
-            raise RuntimeError("transient fault")
-        return np.asarray(np.nan if os.path.exists("nan") else 1.0, np.float32)
-
-
-    def evaluate(hp, params, data):
-        scale = jax.pure_callback(_scale, jax.ShapeDtypeStruct((), jnp.float32), params["b"])
-        return {"val_loss": scale * _mse(params, data["x_val"], data["y_val"])}
-''')
+TRIAL_SOURCE = trial_source("linear", MARKERS=True, METRICS=("val_loss",))
 STEPS = 40
 
 

@@ -135,7 +135,7 @@ def _beside(tmp_path, name, **override):
     """A study folder holding the study file and the two-optimizer trial module (a user's own)."""
     folder = tmp_path / name
     folder.mkdir()
-    shutil.copy(Path(__file__).with_name("two_optimizers.py"), folder)
+    shutil.copy(Path(__file__).with_name("trials") / "two_optimizers.py", folder)
     data = merge(BASE_STUDY, {**TWO_OPTIMIZERS, **override})
     data["workdir"] = str(folder / "runs")
     study = folder / "study.yaml"
@@ -195,7 +195,7 @@ def test_bad_conditions_and_enqueue_entries_are_config_errors(tmp_path, monkeypa
     from sweep.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # two_optimizers, as if beside the file
+    monkeypatch.syspath_prepend(str(Path(__file__).with_name("trials")))  # two_optimizers, as if beside the file
     with pytest.raises(ConfigError) as err:
         config_lib.from_dict(merge(BASE_STUDY, {**TWO_OPTIMIZERS, **override}), origin="s.yaml")
     assert err.value.key == key and words in str(err.value), str(err.value)
@@ -214,7 +214,7 @@ def test_the_fingerprint_knows_conditions_and_enqueue(tmp_path, monkeypatch):
     from sweep import config as config_lib, fingerprint
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).with_name("trials")))  # two_optimizers
     old = fingerprint.meaning(config_lib.from_dict(merge(BASE_STUDY, TWO_OPTIMIZERS)))
     new_space = _space(b1={"type": "float", "low": 0.8, "high": 0.95, "when": {"optimizer": ["adam", "sgd"]}})
     new = fingerprint.meaning(config_lib.from_dict(merge(BASE_STUDY, {**TWO_OPTIMIZERS, "search_space": new_space,
@@ -273,7 +273,7 @@ def test_define_by_run_suggesting_a_fixed_name_is_a_config_error(tmp_path, monke
     from sweep.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).with_name("trials")))  # two_optimizers
     data = {k: v for k, v in merge(BASE_STUDY, TWO_OPTIMIZERS).items() if k not in ("search_space", "enqueue")}
     data["fixed"] = {"learning_rate": 0.01}
     config = config_lib.from_dict(data, origin="s.yaml")

@@ -2,49 +2,18 @@
 compile, nothing new saved, exit 128 + signum at once, the trial resumes from its newest checkpoint.
 
 Python runs signal handlers only between bytecodes, so not during an XLA compile; the trial here
-compiles for seconds (a loss with a big unrolled Python loop), so the old behaviour (the handler
-and the grace period starting only once the compile returned) is visible."""
+(tests/trials/slow_compile.py) compiles for seconds (a loss with a big unrolled Python loop), so the
+old behaviour (the handler and the grace period starting only once the compile returned) is visible."""
 
 from __future__ import annotations
 
 import signal
-import textwrap
 import time
 
 import pytest
 from conftest import Running, checkpoint_dir, kill9, study_of, wait_for_checkpoint
+from tests.trials.files import write_trial
 
-SLOW_COMPILE_TRIAL = textwrap.dedent('''
-    import jax.numpy as jnp, numpy as np, optax
-
-    HYPERPARAMETERS = {"learning_rate": 0.05}
-    METRICS = ("val_loss",)
-    UNROLL = 200  # a big unrolled Python loop: the training window compiles for seconds
-
-    def data(hp):
-        rng = np.random.RandomState(0)
-        x = rng.normal(size=(64, 4)).astype(np.float32)
-        return {"x": x, "y": x.sum(1)}
-
-    def init(hp, key, data):
-        return {"w": jnp.zeros(4)}
-
-    def optimizer(hp):
-        return optax.sgd(hp["learning_rate"])
-
-    def batch(hp, data, key):
-        return data["x"], data["y"]
-
-    def loss(hp, params, batch, key):
-        x, y = batch
-        h = x @ params["w"]
-        for i in range(UNROLL):
-            h = h + 1e-4 * jnp.sin(h * (1 + i % 7))
-        return jnp.mean((h - y) ** 2)
-
-    def evaluate(hp, params, data):
-        return {"val_loss": jnp.mean((data["x"] @ params["w"] - data["y"]) ** 2)}
-''')
 GRACE_S = 5.0
 
 
@@ -71,7 +40,7 @@ def test_sigterm_while_a_trial_compiles_exits_at_once_and_saves_nothing_new(writ
                         search_space={"learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
                         train={"steps": 400, "eval_every": 50},
                         checkpoint={"every_steps": 50, "grace_seconds": GRACE_S})
-    (study.parent / "slow_compile_trial.py").write_text(SLOW_COMPILE_TRIAL)
+    write_trial(study.parent, "slow_compile_trial", "slow_compile")
 
     # A new trial: stopped before its first step, it has nothing to save.
     first, seconds = sigterm_while_compiling(study, "cache1", r"trial 0: started")

@@ -103,3 +103,51 @@ def test_no_message_hedges_its_plural_with_s_in_parentheses():
                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
                    and re.search(r"[a-z]\(s\)", n.value)]
     assert not hedged, hedged
+
+
+def test_test_files_hold_no_trial_of_their_own_only_tests_trials_does():
+    """Every trial module the tests write lives once, in tests/trials/ (files.write_trial copies it
+    under a test's own name, with constants changed). Outside it, a string literal that is a trial
+    (it defines a protocol function and defines, imports or star-imports HYPERPARAMETERS) may be
+    neither written from scratch (its own `HYPERPARAMETERS = ...`) nor 70% alike, line by line of
+    its code, to a module of tests/trials/ or to such a literal in another test file. The one-off
+    trials derived from the repository's trials (a data() that raises, noisy data, a wrong return
+    type) are below 50%; the copies this replaced were 80% and above."""
+    import difflib
+    import textwrap
+
+    tests = Path(__file__).resolve().parent
+    # A deliberately broken or misbehaving trial that must stay beside its test: its file, and why.
+    allowed: dict[str, str] = {}
+    protocol = {"data", "init", "optimizer", "batch", "loss", "evaluate", "train_batches", "val_batches", "test"}
+
+    def trial_code(text: str) -> tuple[bool, list[str]] | None:
+        """(written from scratch, its code's lines without docstring or comments), or None if no trial."""
+        try:
+            body = ast.parse(textwrap.dedent(text)).body
+        except (SyntaxError, ValueError):  # not Python, or not encodable (the config fuzzer's strings)
+            return None
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        assigned = {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        imported = {a.asname or a.name for n in body if isinstance(n, ast.ImportFrom) for a in n.names}
+        functions = {n.name for n in body if isinstance(n, ast.FunctionDef)}
+        if not functions & protocol or not {"HYPERPARAMETERS", "*"} & (assigned | imported):
+            return None
+        return "HYPERPARAMETERS" in assigned, ast.unparse(ast.Module(body=body, type_ignores=[])).splitlines()
+
+    shared = {f"trials/{p.name}": trial_code(p.read_text()) for p in sorted((tests / "trials").glob("*.py"))}
+    inline: dict[str, tuple[bool, list[str]]] = {}
+    for path in sorted(tests.glob("*.py")):
+        if path.name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (code := trial_code(node.value)):
+                inline[f"{path.name}:{node.lineno}"] = code
+    own = [where for where, (scratch, _) in inline.items() if scratch]
+    assert not own, f"trials written in test files: move them to tests/trials/ and use files.write_trial: {own}"
+    others = {where: code[1] for where, code in {**shared, **inline}.items() if code}
+    alike = [(where, other, round(ratio, 2)) for where, (_, lines) in inline.items() for other, theirs in others.items()
+             if other.split(":")[0] != where.split(":")[0]
+             and (ratio := difflib.SequenceMatcher(None, lines, theirs).ratio()) >= 0.7]
+    assert not alike, f"copies of a trial (use tests/trials/ and files.write_trial): {alike}"

@@ -6,6 +6,7 @@ import re
 
 import pytest
 from conftest import run_cli, study_of
+from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -154,24 +155,6 @@ def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_s
     assert snapshot(study) == reference(**settings)
 
 
-AFFINITY_TRIAL = '''
-import os
-from trials import digits_mlp
-from trials.digits_mlp import HYPERPARAMETERS, METRICS, data, init, optimizer, batch, evaluate, test
-
-import jax
-
-def _record():
-    with open("affinity.txt", "a") as fh:
-        fh.write(f"{os.getpid()} {sorted(os.sched_getaffinity(0))}\\n")
-
-def loss(hp, params, batch, key):
-    # When a step runs, not when it is traced (the parent traces one step before any worker starts).
-    jax.debug.callback(_record)
-    return digits_mlp.loss(hp, params, batch, key)
-'''
-
-
 def test_n_jobs_2_processes_train_on_disjoint_shares_of_the_cores(write_study):
     import ast
     import os
@@ -179,7 +162,7 @@ def test_n_jobs_2_processes_train_on_disjoint_shares_of_the_cores(write_study):
     cpus = sorted(os.sched_getaffinity(0))
     study = write_study(trial="affinity_trial", n_trials=4, pruner={"type": "none"},
                         search_space={"hidden": {"type": "int", "low": 16, "high": 64, "step": 16}})
-    (study.parent / "affinity_trial.py").write_text(AFFINITY_TRIAL)
+    write_trial(study.parent, "affinity_trial", "digits_recording", LOG="affinity.txt")  # pid, cores
     result = run_cli("run", study, "--n-jobs", "2", cwd=study.parent)
     assert result.returncode == 0, result.stderr
     seen: dict[int, set[str]] = {}  # every mask a step of each process ran under
