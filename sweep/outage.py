@@ -31,7 +31,8 @@ _OUTAGE_MARKERS = (
     "the database system is shutting down", "the database system is starting up", "connection is closed",
     "ssl connection has been closed", "connection timed out", "database is locked", "lost connection",
     "server has gone away", "consuming input failed", "no connection to the server",
-    "lock timeout", "idle-in-transaction timeout",
+    "lock timeout", "idle-in-transaction timeout", "the connection is lost", "connection is bad",
+    "could not receive data from server", "connection reset by peer", "broken pipe",
 )  # not psycopg's generic "connection failed:" prefix: a wrong password or database name is not an outage
 
 
@@ -51,6 +52,22 @@ def is_outage(exc: BaseException) -> bool:
                 return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def storage_fault(exc: BaseException) -> bool:
+    """Whether `exc` came from the study's storage (an outage past its retries, a commit that failed)
+    rather than from the trial's code: such an error never fails a trial; the run stops, resumable."""
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (StorageInternalError, SQLAlchemyError)):
+            return True
+        current = current.__cause__ or current.__context__
+    return is_outage(exc)
 
 
 class Outages:

@@ -23,6 +23,7 @@ from sweep.compiled import FUNCTIONS
 from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
+from sweep.outage import storage_fault
 from sweep.runner import Outcome, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
@@ -306,6 +307,8 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         except (DiskFault, TakenOver):  # not the trial's fault: no retry charged
             raise
         except Exception as exc:  # a trial that raises fails alone; the study goes on
+            if storage_fault(exc):  # the database's fault, not the trial's: the run stops, the trial resumes
+                raise
             failures += 1
             trial.set_user_attr(FAILURES, failures)
             trial.set_user_attr(ERROR, scrub(f"{type(exc).__name__}: {exc}")[:500])  # a storage row: no secret

@@ -410,3 +410,22 @@ def test_timeout_starts_no_new_trial_after_it_and_a_rerun_finishes_the_rest(here
     del study["timeout"]  # a key that steers the run: it may change between runs
     run(study)
     assert snapshot(study) == reference.snapshot
+
+
+def test_a_storage_error_mid_trial_stops_the_run_and_never_fails_the_trial(here, reference):
+    """A database error that outlived its retries (or no retry knew it: a failed commit) is the
+    machine's fault, not the trial's: seen in the chaos campaign as a FAIL after a PostgreSQL restart."""
+    from optuna.exceptions import StorageInternalError
+
+    study = make_study(here, n_trials=1)  # max_retries 0: a trial fault would FAIL it at once
+
+    def on_step(n: int, s: int) -> None:
+        if (n, s) == (0, 30):
+            raise StorageInternalError("An exception is raised during the commit.")
+
+    with pytest.raises(StorageInternalError):
+        run(study, on_step=on_step)
+    (t0,) = trials(study)
+    assert t0.state == TrialState.RUNNING and "failures" not in t0.user_attrs  # resumable, nothing charged
+    run(study)
+    assert snapshot(study) == reference.snapshot[:1]
