@@ -80,7 +80,7 @@ def make(session: Session) -> Plan:
         new=(new := max(0, config.study.n_trials - enqueue.counted(states, paused)
                         - len(enqueue.waiting(states, paused)))),
         # (warm-start observations take numbers too, though they are no trials of sweep's)
-        first_new=max(max(states, default=-1) + 1, session.storage.get_n_trials(session.study_id)),
+        first_new=max(max(states, default=-1) + 1, session.n_trials_all()),
         refused=session.meaning_changes(),
         code=code,
         stored_code=session.stored_code(),

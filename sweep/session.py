@@ -3,8 +3,8 @@
 A `Session` is built from a validated config. It alone opens the RDB storage, holds the Optuna
 study and its id, the claims, the checkpoint factory with the write budget, the progress sink
 and the compilation-cache folder; the scheduler, status, progress, export, plot, drill and best
-take the session. It, storage.py (opening the storage) and samplers.py (the restart-proof sampler) are the
-only modules that touch Optuna internals; each touch says why.
+take the session. It, storage.py (opening the storage; narrow reads of Optuna's tables) and samplers.py
+(the restart-proof sampler) are the only modules that touch Optuna internals; each touch says why.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
 from sweep.errors import StudyNotFound
-from sweep.record import WARM_START, is_warm_start, paused_rung
+from sweep import storage as storage_lib
+from sweep.record import BEST_STEP, BEST_VALUE, EVAL_ATTR_PREFIX, LAST_STEP, WARM_START, is_warm_start, paused_rung
 from sweep.storage import has_claims, initialised, load_study, open_storage, workdir_lock
 
 REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
@@ -148,35 +149,41 @@ class Session:
 
     def trial_states(self) -> dict[int, TrialState]:
         """number -> state of every trial, in one narrow query (no params, attributes or reports)."""
-        import sqlalchemy as sa
-        # Optuna's versioned RDB schema: get_all_trials would load every param, attribute and
-        # report of every trial just to count states (seconds for a big study).
-        from optuna.storages._rdb.models import TrialModel, TrialUserAttributeModel
-
-        t, attrs = TrialModel.__table__, TrialUserAttributeModel.__table__
-        warm = sa.select(attrs.c.trial_id).where(attrs.c.trial_id == t.c.trial_id, attrs.c.key == WARM_START)
-
-        def query() -> list[Any]:
-            with self.storage.engine.connect() as conn:
-                return conn.execute(sa.select(t.c.number, t.c.state).where(
-                    t.c.study_id == self.study_id, ~sa.exists(warm))).all()
-
-        rows = self.storage.outages.call(query, what="reading trial states")
+        rows = self.storage.outages.call(lambda: storage_lib.trial_states(self.storage.engine, self.study_id,
+                                                                          WARM_START), what="reading trial states")
         return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
+
+    def records(self, states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
+        """Like `trials`, read narrowly: of a finished trial's `eval:<step>` attributes and reports
+        only those at its best step (a trial without best_step, best_value and last_step comes whole).
+        status's reader: it shows no other step."""
+        found = self.storage.outages.call(lambda: storage_lib.read_trials(
+            self.storage.engine, self.study_id, states, EVAL_ATTR_PREFIX, (BEST_STEP, BEST_VALUE, LAST_STEP)),
+            what="reading trials")
+        return sorted((t for t in found if not is_warm_start(t)), key=lambda t: t.number)
+
+    def trial_attrs(self, *keys: str) -> dict[int, dict[str, Any]]:
+        """number -> {key: value} of the user attributes `keys` of every trial, in one narrow query."""
+        return self.storage.outages.call(lambda: storage_lib.user_attr_values(
+            self.storage.engine, self.study_id, keys, WARM_START), what="reading trial attributes")
+
+    def n_trials_all(self) -> int:
+        """Every trial of the study, warm-start observations too (Optuna's get_n_trials loads them all)."""
+        return self.storage.outages.call(lambda: storage_lib.count_trials(self.storage.engine, self.study_id),
+                                         what="counting trials")
 
     def best_trial(self) -> FrozenTrial | None:
         """The best COMPLETE trial, read alone (with constraints: the best feasible one); None if
         there is none. With several objectives: the Pareto-optimal trial best by the first one."""
         study = self.config.study
-        if study.multi_objective:
-            front = set(self.pareto_numbers())
-            found = [t for t in self.trials((TrialState.COMPLETE,)) if t.number in front]
-            return min(found, key=lambda t: (study.objective.sign * t.values[0], t.number), default=None)
-        if study.constraints or study.warm_start is not None:
+        if study.multi_objective or study.constraints or study.warm_start is not None:
             from sweep.constraints import feasible
 
-            found = [t for t in self.trials((TrialState.COMPLETE,)) if not study.constraints or feasible(t)]
-            return min(found, key=lambda t: (study.objective.sign * t.value, t.number), default=None)
+            front = set(self.pareto_numbers()) if study.multi_objective else None
+            found = [t for t in self.records((TrialState.COMPLETE,)) if (t.number in front if front is not None
+                                                                         else not study.constraints or feasible(t))]
+            best = min(found, key=lambda t: (study.objective.sign * t.values[0], t.number), default=None)
+            return self.trial(best.number) if best is not None else None  # whole, eval rows too
         try:
             return self.storage.get_best_trial(self.study_id)
         except ValueError:
@@ -187,7 +194,7 @@ class Session:
         other trial dominates, feasible ones only (Optuna's `study.best_trials` rule)."""
         from sweep.objectives import pareto
 
-        return pareto(self.trials((TrialState.COMPLETE,)), self.config.study.all_objectives)
+        return pareto(self.records((TrialState.COMPLETE,)), self.config.study.all_objectives)
 
     def live_numbers(self, trials: Sequence[FrozenTrial]) -> set[int]:
         """Numbers of the RUNNING trials among `trials` whose worker is alive (claims)."""

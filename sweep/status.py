@@ -24,7 +24,8 @@ from sweep.session import Session
 def collect(session: Session) -> dict[str, Any]:
     """The `status --json` object (every field: docs/reference.md). Reads only; creates nothing."""
     config = session.open(create=False).config
-    trials = session.trials()
+    # Narrow: of the `eval:<step>` rows only the one at each trial's best step, the one shown.
+    trials = session.records()
     live = session.live_numbers(trials)
     direction = config.study.objective.direction
     folders = {t.number: checkpoint_folder(config, t) for t in trials}

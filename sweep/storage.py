@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep import fingerprint
 from sweep.config import Config
@@ -179,3 +181,124 @@ def load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool
 
 
 # --- restart-proof sampling ----------------------------------------------------------------------
+
+
+# --- narrow reads of Optuna's tables -------------------------------------------------------------
+# Optuna's versioned RDB schema, read with SQLAlchemy Core: get_all_trials builds every trial
+# through the ORM with all of its rows (~17 s for 10,000 trials of 20 evaluations each), where
+# sweep's readers need a few columns, or each trial's record without its per-step rows.
+
+
+def _tables() -> tuple[Any, ...]:
+    from optuna.storages._rdb import models as m
+
+    return tuple(model.__table__ for model in (m.TrialModel, m.TrialParamModel, m.TrialValueModel,
+                                                m.TrialIntermediateValueModel, m.TrialUserAttributeModel,
+                                                m.TrialSystemAttributeModel))
+
+
+def trial_states(engine: Any, study_id: int, warm_key: str) -> list[tuple[int, Any]]:
+    """(number, state) of every trial of the study but those with the user attribute `warm_key`."""
+    import sqlalchemy as sa
+
+    t, attrs = _tables()[0], _tables()[4]
+    warm = sa.select(attrs.c.trial_id).where(attrs.c.trial_id == t.c.trial_id, attrs.c.key == warm_key)
+    with engine.connect() as conn:
+        return conn.execute(sa.select(t.c.number, t.c.state).where(t.c.study_id == study_id, ~sa.exists(warm))).all()
+
+
+def count_trials(engine: Any, study_id: int) -> int:
+    """The study's trials, all of them (Optuna's get_n_trials loads every one to count them)."""
+    import sqlalchemy as sa
+
+    t = _tables()[0]
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.study_id == study_id)).scalar()
+
+
+def user_attr_values(engine: Any, study_id: int, keys: Sequence[str], warm_key: str) -> dict[int, dict[str, Any]]:
+    """number -> {key: value} of the user attributes named `keys` of every trial of the study
+    (each trial, also one without any of them), but those with the user attribute `warm_key`."""
+    import sqlalchemy as sa
+
+    t, attrs = _tables()[0], _tables()[4]
+    warm = sa.select(attrs.c.trial_id).where(attrs.c.trial_id == t.c.trial_id, attrs.c.key == warm_key)
+    with engine.connect() as conn:
+        numbers = conn.execute(sa.select(t.c.trial_id, t.c.number).where(t.c.study_id == study_id,
+                                                                         ~sa.exists(warm))).all()
+        ids = sa.select(t.c.trial_id).where(t.c.study_id == study_id)
+        rows = conn.execute(sa.select(attrs.c.trial_id, attrs.c.key, attrs.c.value_json).where(
+            attrs.c.trial_id.in_(ids), attrs.c.key.in_(list(keys)))).all()
+    by_id: dict[int, dict[str, Any]] = {tid: {} for tid, _ in numbers}
+    for (tid, key, _), value in zip(rows, json.loads(f"[{','.join(row[2] for row in rows)}]")):
+        if tid in by_id:
+            by_id[tid][key] = value
+    return {number: by_id[tid] for tid, number in sorted(numbers, key=lambda r: r[1])}
+
+
+def read_trials(engine: Any, study_id: int, states: Sequence[Any] | None, prefix: str,
+                record: tuple[str, ...]) -> list[FrozenTrial]:
+    """The study's trials (of `states`) as Optuna's get_all_trials builds them, but narrow where a
+    trial has every user attribute of `record` (sweep's best_step, best_value, last_step: it
+    finished with its record): of its per-step rows, the user attributes starting with `prefix`
+    (`eval:<step>`) and its intermediate values, only those at its best step (`record[0]`). A trial
+    without them (running, failed, not sweep's) comes whole: its best is worked out from those rows."""
+    import sqlalchemy as sa
+    from optuna import distributions as dist_lib
+    from optuna.storages._rdb.models import TrialIntermediateValueModel as IV, TrialValueModel as V
+
+    t, params, values, inter, attrs, sysattrs = _tables()
+    where = [t.c.study_id == study_id] + ([t.c.state.in_(list(states))] if states is not None else [])
+    ids = sa.select(t.c.trial_id).where(*where)
+    rec, per, held = attrs.alias("rec"), attrs.alias("per"), attrs.alias("held")
+    n_record = (sa.select(sa.func.count()).where(held.c.trial_id == t.c.trial_id, held.c.key.in_(record))
+                .correlate(t).scalar_subquery())
+    whole = sa.select(t.c.trial_id).where(*where, n_record != len(record))  # trials without their record
+    # the best step of each trial with its record: its `eval:<step>` row and its report at that step
+    best = sa.select(rec.c.trial_id, rec.c.value_json.label("step")).where(
+        rec.c.key == record[0], rec.c.trial_id.in_(sa.select(t.c.trial_id).where(*where, n_record == len(record))))
+    best = best.subquery()
+    is_eval = attrs.c.key.startswith(prefix, autoescape=True)
+    with engine.connect() as conn:
+        found = conn.execute(sa.select(t.c.trial_id, t.c.number, t.c.state, t.c.datetime_start,
+                                       t.c.datetime_complete).where(*where).order_by(t.c.trial_id)).all()
+        param_rows = conn.execute(sa.select(params.c.trial_id, params.c.param_name, params.c.param_value,
+                                            params.c.distribution_json).where(params.c.trial_id.in_(ids))
+                                  .order_by(params.c.param_id)).all()
+        value_rows = conn.execute(sa.select(values.c.trial_id, values.c.objective, values.c.value,
+                                            values.c.value_type).where(values.c.trial_id.in_(ids))).all()
+        inter_cols = (inter.c.trial_id, inter.c.step, inter.c.intermediate_value, inter.c.intermediate_value_type)
+        inter_rows = conn.execute(sa.select(*inter_cols).where(inter.c.trial_id.in_(whole))).all()
+        inter_rows += conn.execute(sa.select(*inter_cols).join(best, sa.and_(
+            best.c.trial_id == inter.c.trial_id, sa.cast(inter.c.step, sa.String) == best.c.step))).all()
+        attr_rows = conn.execute(sa.select(attrs.c.trial_id, attrs.c.key, attrs.c.value_json).where(
+            attrs.c.trial_id.in_(ids), sa.or_(~is_eval, attrs.c.trial_id.in_(whole)))).all()
+        attr_rows += conn.execute(sa.select(per.c.trial_id, per.c.key, per.c.value_json).join(best, sa.and_(
+            per.c.trial_id == best.c.trial_id, per.c.key == sa.literal(prefix) + best.c.step))).all()
+        sys_rows = conn.execute(sa.select(sysattrs.c.trial_id, sysattrs.c.key, sysattrs.c.value_json).where(
+            sysattrs.c.trial_id.in_(ids)).order_by(sysattrs.c.trial_system_attribute_id)).all()
+    parts: dict[int, dict[str, Any]] = {row[0]: {"params": {}, "dists": {}, "values": {}, "inter": {}, "user": {},
+                                                 "system": {}} for row in found}
+    dists: dict[str, Any] = {}  # distribution JSON -> distribution (the same few for every trial)
+    for tid, name, value, js in param_rows:
+        d = dists.get(js) or dists.setdefault(js, dist_lib.json_to_distribution(js))
+        parts[tid]["params"][name] = d.to_external_repr(value)
+        parts[tid]["dists"][name] = d
+    for tid, objective, value, kind in value_rows:
+        parts[tid]["values"][objective] = V.stored_repr_to_value(value, kind)
+    for tid, s, value, kind in inter_rows:
+        parts[tid]["inter"][s] = IV.stored_repr_to_intermediate_value(value, kind)
+    for table, rows in (("user", attr_rows), ("system", sys_rows)):
+        decoded = json.loads(f"[{','.join(row[2] for row in rows)}]")  # one call: ~3x quicker than one a row
+        for (tid, key, _), value in zip(rows, decoded):
+            parts[tid][table][key] = value
+    out = []
+    for tid, number, state, start, complete in found:
+        state = state if isinstance(state, TrialState) else TrialState[state]
+        p = parts[tid]
+        vals = [p["values"][k] for k in sorted(p["values"])] if p["values"] else None
+        out.append(FrozenTrial(number=number, state=state, value=None, values=vals, datetime_start=start,
+                               datetime_complete=complete, params=p["params"], distributions=p["dists"],
+                               user_attrs=p["user"], system_attrs=p["system"], intermediate_values=p["inter"],
+                               trial_id=tid))
+    return out

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from optuna.trial import FrozenTrial, TrialState
+from typing import Any, Mapping
+
+from optuna.trial import TrialState
 
 from sweep.best import best_test_metrics
-from sweep.record import ERROR, checkpoint_folder
+from sweep.record import COMPILES_ATTR, ERROR, LEDGER, checkpoint_folder
 from sweep.ledger import of_trial, study_total, summary_line
 from sweep.session import Session
 from sweep.words import count
@@ -22,11 +24,12 @@ def text(session: Session) -> str:
              f"{'trial' if config.study.n_trials == 1 else 'trials'} finished "
              f"({counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
              f"{counts[TrialState.FAIL]} failed)"]
-    trials = session.trials()
-    compiles = _compiles(trials)
+    # Two attributes of each trial, in one narrow query (not every trial's whole record).
+    attrs = list(session.trial_attrs(COMPILES_ATTR, LEDGER).values())
+    compiles = _compiles(attrs)
     if compiles:
         lines.append(compiles)
-    ledger = study_total(of_trial(t.user_attrs) for t in trials)
+    ledger = study_total(of_trial(a) for a in attrs)
     if ledger:
         lines.append(summary_line(ledger))
     best = session.best_trial()
@@ -73,11 +76,10 @@ def no_complete_trial(session: Session) -> str | None:
     return line
 
 
-def _compiles(trials: list[FrozenTrial]) -> str | None:
-    """What the study's trials compiled, summed over their runs (None before any was recorded)."""
-    from sweep.record import COMPILES_ATTR
-
-    counts = [t.user_attrs[COMPILES_ATTR] for t in trials if t.user_attrs.get(COMPILES_ATTR)]
+def _compiles(attrs: list[Mapping[str, Any]]) -> str | None:
+    """What the study's trials compiled, summed over their runs (None before any was recorded);
+    `attrs`: each trial's user attributes."""
+    counts = [a[COMPILES_ATTR] for a in attrs if a.get(COMPILES_ATTR)]
     if not counts:
         return None
     total = {k: sum(c.get(k, 0) for c in counts) for k in ("compilations", "cache_hits", "compile_seconds")}
