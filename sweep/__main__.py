@@ -78,7 +78,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         with api.open(args.study_file) as session:
             session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
-                        _exit_on_signal=True)
+                        _exit_on_signal=True, _status=False)
             print(session.summary())
             from optuna.trial import TrialState
 

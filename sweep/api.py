@@ -49,7 +49,8 @@ class StudySession:
         self._session.close()
 
     def run(self, n_jobs: int | str | None = None, *, quiet: bool = False, verbose: bool = False,
-            progress: bool = True, log_every: float = 30.0, _exit_on_signal: bool = False) -> dict[str, Any]:
+            progress: bool = True, log_every: float = 30.0, _exit_on_signal: bool = False,
+            _status: bool = True) -> dict[str, Any]:
         """Start the study, or resume it after any interruption, until `n_trials` are finished.
 
         Args:
@@ -79,10 +80,12 @@ class StudySession:
         # Before JAX starts here: this process is worker 0, and on GPUs its slot decides what it sees.
         n, worker_slots = slots.for_run(config, n_jobs)
         with slots.assigned(worker_slots[0] if worker_slots else None):
-            return self._run(n, worker_slots, quiet, verbose, progress, log_every, _exit_on_signal)
+            self._run(n, worker_slots, quiet, verbose, progress, log_every, _exit_on_signal)
+        # The CLI prints the summary instead: it skips reading every trial again (a big study).
+        return self.status() if _status else {}
 
     def _run(self, n_jobs: int, worker_slots: list[Any] | None, quiet: bool, verbose: bool, progress: bool,
-             log_every: float, _exit_on_signal: bool) -> dict[str, Any]:
+             log_every: float, _exit_on_signal: bool) -> None:
         from sweep import progress as progress_lib
         from sweep.samplers import check_config
         from sweep.signals import StopSignal
@@ -113,7 +116,6 @@ class StudySession:
                 log_exports(self._session)  # each finished trial's best export, an artifact of its run
         finally:
             stop.restore()
-        return self.status()
 
     def _check_before_run(self) -> Plan:
         """What `run` checks before it creates or asks anything; returns the plan it found.
