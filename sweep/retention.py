@@ -329,6 +329,8 @@ def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
         session.set_study_attr(f"{REMOVED_ATTR}{number}", None)
     for t, folder, why in outside:
         remove_trial(session, t, folder, why)
+    if session.remote is not None and c.keep_trials is not None:
+        _reconcile_bucket(session, budget)
     if c.max_disk is None:
         return 0
     used = study_bytes(session)
@@ -337,6 +339,23 @@ def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
             break
         used -= remove_steps(session, t, folder, {best})
     return used
+
+
+def _reconcile_bucket(session: Any, budget: _Budget) -> None:
+    """The bucket keeps no more than keep_trials either: a finished trial outside the best K whose
+    local folder is gone but whose steps are still in the bucket (its prune cut short by an outage,
+    or an upload of another host that landed after it: found by the chaos campaign) is pruned
+    again. One listing of the bucket's commit markers per pass."""
+    kept = {t.number for t in budget.ranked[:budget.config.keep_trials]}
+    try:
+        in_bucket = session.remote.all_steps()
+    except Exception:  # noqa: BLE001 - the bucket is away: the next pass tries again
+        return
+    for t in budget.finished:
+        folder = session.config.checkpoint_dir(t.number)
+        if t.number not in kept and in_bucket.get(folder.name) and not folder.exists():
+            with contextlib.suppress(Exception):
+                session.remote.prune(folder, everything=True)
 
 
 def make_room(session: Any, number: int, step: int, needed: int, folder: Path) -> None:
