@@ -28,6 +28,7 @@ from sweep.tracking_events import THREAD_NAME, TrialStart, Writer
 log = logging.getLogger("sweep")
 RETRY_S = 1.0  # one retry after this pause, then the writer is skipped until the next trial
 _STOP = object()
+_WARNED: set[str] = set()  # the writers that warned in this process: a server away is said once
 
 
 def writers(config: Config) -> list[tuple[str, Callable[[], Writer]]]:
@@ -48,7 +49,7 @@ def writers(config: Config) -> list[tuple[str, Callable[[], Writer]]]:
 
             return MlflowWriter(uri, config.name)
 
-        found.append((f"mlflow ({mask_url(uri)})", mlflow))
+        found.append((_mlflow_name(uri), mlflow))
     return found
 
 
@@ -102,6 +103,7 @@ class _Lane:
         try:
             writer = self._make()  # its package's import (mlflow: seconds) delays no trial
         except Exception as exc:  # noqa: BLE001 - a writer that cannot start leaves the others
+            _WARNED.add(self.name)
             log.warning("%s: could not start (%s: %s); the study goes on without it", self.name,
                         type(exc).__name__, _short(exc))
             writer = None
@@ -129,6 +131,7 @@ class _Lane:
                 self._skipped.add(number)
                 if not self._warned:
                     self._warned = True
+                    _WARNED.add(self.name)
                     log.warning("%s: trial %d: %s failed twice (%s: %s); its curves are skipped until the trial "
                                 "starts again (the study goes on; its storage keeps every metric)", self.name,
                                 number, method, type(exc).__name__, _short(exc))
@@ -139,14 +142,17 @@ class _Lane:
 def log_exports(session: Any) -> int:
     """Attach each COMPLETE trial's export (its best-by-validation checkpoint, `sweep export`'s
     layout) to its MLflow run, once: after the workers, in this process, so no export competes
-    with training for the cores. A server that is away is one warning; the next run tries again."""
+    with training for the cores. A server that is away is one warning (none more where the run's
+    writer warned already); the next run tries again."""
+    uri = session.config.study.logging.mlflow
     try:
         from sweep.tracking_mlflow import log_exports as log_to_mlflow
 
         return log_to_mlflow(session)
     except Exception as exc:  # noqa: BLE001 - tracking never fails a study
-        log.warning("mlflow (%s): exports not logged (%s: %s); the next run tries again",
-                    mask_url(session.config.study.logging.mlflow), type(exc).__name__, _short(exc))
+        level = logging.DEBUG if _mlflow_name(uri) in _WARNED else logging.WARNING
+        log.log(level, "%s: exports not logged (%s: %s); the next run tries again", _mlflow_name(uri),
+                type(exc).__name__, _short(exc))
         return 0
 
 
@@ -192,6 +198,11 @@ class TrialLog:
     def end(self, state: str, best_step: int | None = None) -> None:
         if self._started:
             self._tracker.put("end", self.number, self.number, state, best_step)
+
+
+def _mlflow_name(uri: str) -> str:
+    """The MLflow writer's name in the log (its lane's, and the exports')."""
+    return f"mlflow ({mask_url(uri)})"
 
 
 def _short(exc: BaseException) -> str:

@@ -144,7 +144,6 @@ class MlflowWriter:
         return self._parent
 
 
-
 def log_exports(session: Any) -> int:
     """Log `sweep export`'s folder of every COMPLETE trial with a run and no export yet as the
     run's `export/` artifacts (safetensors + meta.json); returns how many were logged."""
@@ -155,8 +154,13 @@ def log_exports(session: Any) -> int:
 
     client = MlflowClient(tracking_uri=session.config.study.logging.mlflow)
     logged = 0
-    for trial in session.trials((TrialState.COMPLETE,)):
-        run_id = trial.user_attrs.get(MLFLOW_RUN_ID)
+    complete = session.trials((TrialState.COMPLETE,))
+    # A trial whose writer made its run after the trial had finished (the writer's thread lags
+    # behind short trials) could not record the run's id: found by its tags instead.
+    untold = {t.number for t in complete if not t.user_attrs.get(MLFLOW_RUN_ID)}
+    tagged = _trial_runs(client, session.config.name) if untold else {}
+    for trial in complete:
+        run_id = trial.user_attrs.get(MLFLOW_RUN_ID) or tagged.get(trial.number)
         best = str(trial.user_attrs.get(BEST_STEP, ""))
         if not run_id or client.get_run(run_id).data.tags.get(EXPORT_TAG) == best:
             continue
@@ -172,3 +176,20 @@ def log_exports(session: Any) -> int:
     if logged:
         log.info("mlflow: %s logged as artifacts", count(logged, "trial export"))
     return logged
+
+
+def _trial_runs(client: MlflowClient, study: str) -> dict[int, str]:
+    """number -> run id of the study's trial runs on the server (the newest where a number has two)."""
+    experiment = client.get_experiment_by_name(study)
+    if experiment is None:
+        return {}
+    query = f"tags.`{ROLE_TAG}` = 'trial' AND tags.`{STUDY_TAG}` = '{study}'"
+    found: dict[int, str] = {}
+    token = None
+    while True:
+        page = client.search_runs([experiment.experiment_id], filter_string=query, max_results=1000, page_token=token)
+        for run in page:  # newest first (MLflow's default order)
+            found.setdefault(int(run.data.tags[NUMBER_TAG]), run.info.run_id)
+        token = page.token
+        if not token:
+            return found

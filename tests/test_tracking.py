@@ -4,7 +4,8 @@ curve per trial across a kill -9 and a resume; the `logging` key's rules."""
 from __future__ import annotations
 
 import json
-
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
+from conftest import Running, checkpoint_dir, kill9, run_cli, study_of
 from sweep import config as config_lib
 from sweep import fingerprint
 from sweep.__main__ import main
@@ -36,27 +37,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real `mlflow server` on localhost with its SQLite backend (its start takes ~10-20 s: one per module)."""
-    pytest.importorskip("mlflow")
-    root = tmp_path_factory.mktemp("mlflow")
+def _start_mlflow(root: Path) -> tuple[subprocess.Popen, str]:
+    """A real `mlflow server` on localhost with its SQLite backend under `root`, in a process group
+    of its own (it runs uvicorn as a child): (its process, its URL) once healthy."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/m.db",
                              "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port",
-                             str(port), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             str(port), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True,
+                            # No job runner: its 8 processes (huey consumers) serve no tracking request.
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         try:
             urllib.request.urlopen(f"{url}/health", timeout=1)
-            break
+            return proc, url
         except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop_mlflow(proc)
+                raise AssertionError("mlflow server did not start")
             time.sleep(0.3)
+
+
+def _stop_mlflow(proc: subprocess.Popen) -> None:
+    """Stops the server and its children (SIGTERM to its group; SIGKILL if it lingers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+    try:  # a child that outlived its parent
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real `mlflow server` (its start takes ~10-20 s: one per module)."""
+    pytest.importorskip("mlflow")
+    proc, url = _start_mlflow(tmp_path_factory.mktemp("mlflow"))
     yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    _stop_mlflow(proc)
 
 
 def _scalars(run: Path) -> tuple[dict[str, list[tuple[int, float]]], Any]:
@@ -67,64 +93,140 @@ def _scalars(run: Path) -> tuple[dict[str, list[tuple[int, float]]], Any]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}, acc
 
 
+# Two trials of cheap steps (~35 us each): a trial trains for a second or more after its compile,
+# while the writers' thread (mlflow's import, a few requests to a fresh server) catches up with it.
+# Four evaluations and four saves per trial (the one trial of 300 steps before had six and three).
+LONG = {**SMALL, "n_trials": 2, "train": {"steps": 40000, "eval_every": 10000},
+        "checkpoint": {"every_steps": 10000}}
+STEPS = list(range(10000, 40001, 10000))
+TAGS = ("val_loss", "val_accuracy", "train_loss")  # the digits trial's METRICS and the training loss
+
+
+def _trial_runs(client: Any, study: str = "t") -> dict[int, Any]:
+    """number -> the MLflow run of each trial of `study` on the server (tagged sweep.number)."""
+    experiment = client.get_experiment_by_name(study)
+    if experiment is None:
+        return {}
+    runs = client.search_runs([experiment.experiment_id], "tags.`sweep.role` = 'trial'")
+    return {int(r.data.tags["sweep.number"]): r for r in runs}
+
+
 @pytest.mark.slow
 def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server):
+    """Two trials, trial 0 killed once its MLflow run is recorded and a checkpoint is committed,
+    then resumed: each trial is one TensorBoard run and one MLflow run, nested under the study's;
+    every metric's curve (the training loss too) is the study's storage step for step, once each;
+    trial 0 went on in the run it started in."""
     pytest.importorskip("tensorboard")
     from mlflow.tracking import MlflowClient
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    study = write_study(**SMALL, logging={"tensorboard": True, "mlflow": mlflow_server})
+    from sweep.record import history
+
+    study = write_study(**LONG, logging={"tensorboard": True, "mlflow": mlflow_server})
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
-    wait_for_checkpoint(checkpoint_dir(study, 0), 100)
+    deadline = time.monotonic() + 300
+    while True:  # mid-trial, once the trial's MLflow run is recorded and a checkpoint committed
+        trial = study_of(study).trials[0]
+        assert trial.state.name == "RUNNING", f"trial 0 ended before its MLflow run was recorded:\n{proc.stderr}"
+        if trial.user_attrs.get(MLFLOW_RUN_ID) and any(p.name.isdigit() for p in checkpoint_dir(study, 0).glob("*")):
+            break
+        assert time.monotonic() < deadline, proc.stderr
+        time.sleep(0.02)
     kill9(proc)
-    run_id = study_of(study).trials[0].user_attrs.get(MLFLOW_RUN_ID)
-    assert run_id, "the trial's MLflow run is recorded once it starts"
+    killed = study_of(study).trials
+    assert len(killed) == 1 and killed[0].state.name == "RUNNING", "killed in trial 0"
+    run_id = killed[0].user_attrs[MLFLOW_RUN_ID]
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
     assert "resumed from step" in result.stderr and "failed twice" not in result.stderr
 
-    trial = study_of(study).trials[0]
-    reported = dict(sorted(trial.intermediate_values.items()))
-    assert list(reported) == list(range(50, 301, 50))
+    trials = sorted(study_of(study).trials, key=lambda t: t.number)
+    assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE"), (1, "COMPLETE")]
+    assert trials[0].user_attrs["resumed_from"] and "resumed_from" not in trials[1].user_attrs
+    stored = {t.number: dict(sorted(history(t).items())) for t in trials}  # step -> every metric, as stored
+    for t in trials:
+        assert list(stored[t.number]) == STEPS == sorted(t.intermediate_values)
+        assert all(set(m) == set(TAGS) for m in stored[t.number].values())
+        assert [m["val_loss"] for m in stored[t.number].values()] == [t.intermediate_values[s] for s in STEPS]
     workdir = Path(yaml.safe_load(study.read_text())["workdir"])
-    run = workdir / "tensorboard" / "trial_0000"
-    assert len(list(run.glob("*tfevents*"))) == 1  # the lost segment's file was rewritten and removed
-    scalars, acc = _scalars(run)
-    assert {"val_loss", "val_accuracy", "train_loss"} <= set(scalars)
-    for tag in ("val_loss", "val_accuracy", "train_loss"):
-        assert [s for s, _ in scalars[tag]] == list(reported)  # each step once, increasing
-    # Scalars are float32 in the event protocol; Optuna keeps float64.
-    assert [v for _, v in scalars["val_loss"]] == [float(np.float32(v)) for v in reported.values()]
-    hparams = acc.PluginTagToContent("hparams")
-    start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
-    assert set(start.session_start_info.hparams) == {"learning_rate", "hidden", "batch_size"}
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
-    assert {m.name.tag for m in experiment.metric_infos} >= {"val_loss", "train_loss"}
-    saved = [e.step for e in acc.Tensors("checkpoints/text_summary")]  # the checkpoint steps, as text
-    resumed = trial.user_attrs["resumed_from"]
-    assert saved == sorted(set(saved)) and {*resumed, 300} <= set(saved) <= {100, 200, 300}
+    for t in trials:
+        run = workdir / "tensorboard" / f"trial_{t.number:04d}"
+        assert len(list(run.glob("*tfevents*"))) == 1  # trial 0: the lost segment's file was rewritten and removed
+        scalars, acc = _scalars(run)
+        assert set(TAGS) <= set(scalars)
+        for tag in TAGS:  # each step once, increasing; scalars are float32 in the event protocol, Optuna keeps float64
+            assert scalars[tag] == [(s, float(np.float32(m[tag]))) for s, m in stored[t.number].items()], tag
+        hparams = acc.PluginTagToContent("hparams")
+        start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
+        assert set(start.session_start_info.hparams) == {"learning_rate", "hidden", "batch_size"}
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
+        assert {m.name.tag for m in experiment.metric_infos} >= {"val_loss", "train_loss"}
+        saved = [e.step for e in acc.Tensors("checkpoints/text_summary")]  # the checkpoint steps, as text
+        resumed = t.user_attrs.get("resumed_from", ())
+        assert saved == sorted(set(saved)) and {*resumed, STEPS[-1]} <= set(saved) <= set(STEPS)
 
     client = MlflowClient(mlflow_server)
-    assert trial.user_attrs[MLFLOW_RUN_ID] == run_id  # the resumed trial went on in its own run
+    assert trials[0].user_attrs[MLFLOW_RUN_ID] == run_id  # the resumed trial went on in its own run
     runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
-    assert len(runs) == 2  # the study's run and the trial's, nested under it
-    mine = client.get_run(run_id)
-    parent = [r for r in runs if r.info.run_id != run_id][0]
-    assert mine.data.tags["mlflow.parentRunId"] == parent.info.run_id
-    assert mine.data.tags["sweep.state"] == "COMPLETE" and mine.info.status == "FINISHED"
-    assert mine.data.tags["sweep.best_step"] == str(trial.user_attrs["best_step"])
-    assert mine.data.params["learning_rate"] == str(trial.params["learning_rate"])
-    history = client.get_metric_history(run_id, "val_loss")
-    assert sorted(m.step for m in history) == list(reported)  # each step once
-    assert [m.value for m in sorted(history, key=lambda m: m.step)] == list(reported.values())
-    # The best checkpoint's export is the run's artifact, as `sweep export` writes it.
-    assert mine.data.tags["sweep.export"] == str(trial.user_attrs["best_step"])
-    files = {a.path for a in client.list_artifacts(run_id, "export/trial_0000")}
-    assert {"export/trial_0000/meta.json", "export/trial_0000/params.safetensors"} <= files
-    meta = json.loads(Path(client.download_artifacts(run_id, "export/trial_0000/meta.json", str(study.parent)))
-                      .read_text())
-    assert meta["number"] == 0 and meta["best_step"] == trial.user_attrs["best_step"]
+    mine = _trial_runs(client)
+    assert len(runs) == 3 and sorted(mine) == [0, 1]  # the study's run and one run per trial, nested under it
+    assert mine[0].info.run_id == run_id
+    parent = [r for r in runs if r.data.tags.get("sweep.role") == "study"]
+    assert len(parent) == 1
+    for t in trials:
+        trial_run = mine[t.number].info.run_id
+        assert t.user_attrs.get(MLFLOW_RUN_ID, trial_run) == trial_run  # recorded where the trial was running still
+        got = client.get_run(trial_run)
+        assert got.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
+        assert got.data.tags["sweep.state"] == "COMPLETE" and got.info.status == "FINISHED"
+        assert got.data.tags["sweep.best_step"] == str(t.user_attrs["best_step"])
+        assert got.data.params["learning_rate"] == str(t.params["learning_rate"])
+        for tag in TAGS:  # each step once, the stored values exactly (MLflow keeps float64)
+            logged = sorted((m.step, m.value) for m in client.get_metric_history(trial_run, tag))
+            assert logged == [(s, m[tag]) for s, m in stored[t.number].items()], (t.number, tag)
+        # The best checkpoint's export is the run's artifact, as `sweep export` writes it.
+        assert got.data.tags["sweep.export"] == str(t.user_attrs["best_step"])
+        folder = f"export/trial_{t.number:04d}"
+        files = {a.path for a in client.list_artifacts(trial_run, folder)}
+        assert {f"{folder}/meta.json", f"{folder}/params.safetensors"} <= files
+        meta = json.loads(Path(client.download_artifacts(trial_run, f"{folder}/meta.json",
+                                                         str(study.parent))).read_text())
+        assert meta["number"] == t.number and meta["best_step"] == t.user_attrs["best_step"]
+
+
+@pytest.mark.slow
+def test_mlflow_server_stopped_during_a_run_the_study_finishes_with_one_warning(write_study, tmp_path):
+    """A real server, stopped once trial 0's run exists on it and before the trials are done: the
+    run exits 0 with one warning about the server, and the study's storage holds every evaluation
+    of every trial."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from sweep.record import history
+
+    server, url = _start_mlflow(tmp_path / "mlflow")
+    try:
+        study = write_study(**LONG, logging={"mlflow": url})
+        proc = Running("run", study, cwd=study.parent)
+        client, deadline = MlflowClient(url), time.monotonic() + 300
+        while 0 not in _trial_runs(client):  # trial 0's run exists on the server: its writer is logging
+            assert proc.proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.1)
+    finally:
+        _stop_mlflow(server)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/health", timeout=1)  # stopped: nothing listens there
+    assert [t.state.name for t in study_of(study).trials].count("COMPLETE") < 2, "stopped before the trials were done"
+    assert proc.finish() == 0, proc.stderr
+    said = [line for line in proc.lines if "mlflow" in line or "urllib3" in line]
+    assert len(said) == 1 and "failed twice" in said[0] and "skipped" in said[0], proc.stderr
+    trials = sorted(study_of(study).trials, key=lambda t: t.number)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 2
+    for t in trials:  # nothing lost: every evaluation, every metric and the training loss
+        assert sorted(t.intermediate_values) == STEPS and sorted(history(t)) == STEPS
+        assert all(set(m) == set(TAGS) for m in history(t).values())
 
 
 @pytest.mark.slow
