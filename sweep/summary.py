@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from optuna.trial import TrialState
 
 from sweep.best import best_test_metrics
-from sweep.record import COMPILES_ATTR, ERROR, LEDGER, checkpoint_folder
+from sweep.record import COMPILES_ATTR, ERROR, LEDGER, RESUMES, checkpoint_folder
 from sweep.ledger import of_trial, study_total, summary_line
 from sweep.session import Session
 from sweep.words import count
@@ -24,8 +24,8 @@ def text(session: Session) -> str:
              f"{'trial' if config.study.n_trials == 1 else 'trials'} finished "
              f"({counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
              f"{counts[TrialState.FAIL]} failed)"]
-    # Two attributes of each trial, in one narrow query (not every trial's whole record).
-    attrs = list(session.trial_attrs(COMPILES_ATTR, LEDGER).values())
+    # Three attributes of each trial, in one narrow query (not every trial's whole record).
+    attrs = list(session.trial_attrs(COMPILES_ATTR, LEDGER, RESUMES).values())
     compiles = _compiles(attrs)
     if compiles:
         lines.append(compiles)
