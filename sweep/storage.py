@@ -180,9 +180,6 @@ def load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool
     return study
 
 
-# --- restart-proof sampling ----------------------------------------------------------------------
-
-
 # --- narrow reads of Optuna's tables -------------------------------------------------------------
 # Optuna's versioned RDB schema, read with SQLAlchemy Core: get_all_trials builds every trial
 # through the ORM with all of its rows (~17 s for 10,000 trials of 20 evaluations each), where
@@ -197,14 +194,21 @@ def _tables() -> tuple[Any, ...]:
                                                 m.TrialSystemAttributeModel))
 
 
+def _not_warm(t: Any, attrs: Any, warm_key: str) -> Any:
+    """The condition: the trial row of `t` has no user attribute `warm_key` (a warm-start observation)."""
+    import sqlalchemy as sa
+
+    return ~sa.exists(sa.select(attrs.c.trial_id).where(attrs.c.trial_id == t.c.trial_id, attrs.c.key == warm_key))
+
+
 def trial_states(engine: Any, study_id: int, warm_key: str) -> list[tuple[int, Any]]:
     """(number, state) of every trial of the study but those with the user attribute `warm_key`."""
     import sqlalchemy as sa
 
-    t, attrs = _tables()[0], _tables()[4]
-    warm = sa.select(attrs.c.trial_id).where(attrs.c.trial_id == t.c.trial_id, attrs.c.key == warm_key)
+    t, _, _, _, attrs, _ = _tables()
     with engine.connect() as conn:
-        return conn.execute(sa.select(t.c.number, t.c.state).where(t.c.study_id == study_id, ~sa.exists(warm))).all()
+        return conn.execute(sa.select(t.c.number, t.c.state).where(t.c.study_id == study_id,
+                                                                   _not_warm(t, attrs, warm_key))).all()
 
 
 def count_trials(engine: Any, study_id: int) -> int:
@@ -221,11 +225,10 @@ def user_attr_values(engine: Any, study_id: int, keys: Sequence[str], warm_key: 
     (each trial, also one without any of them), but those with the user attribute `warm_key`."""
     import sqlalchemy as sa
 
-    t, attrs = _tables()[0], _tables()[4]
-    warm = sa.select(attrs.c.trial_id).where(attrs.c.trial_id == t.c.trial_id, attrs.c.key == warm_key)
+    t, _, _, _, attrs, _ = _tables()
     with engine.connect() as conn:
         numbers = conn.execute(sa.select(t.c.trial_id, t.c.number).where(t.c.study_id == study_id,
-                                                                         ~sa.exists(warm))).all()
+                                                                         _not_warm(t, attrs, warm_key))).all()
         ids = sa.select(t.c.trial_id).where(t.c.study_id == study_id)
         rows = conn.execute(sa.select(attrs.c.trial_id, attrs.c.key, attrs.c.value_json).where(
             attrs.c.trial_id.in_(ids), attrs.c.key.in_(list(keys)))).all()
