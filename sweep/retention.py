@@ -145,6 +145,12 @@ def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
                 return 0
             session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
             freed = _remove_tree(folder)
+    elif session.remote is not None:
+        # No folder here (another host trained it): the bucket's copy is the study's, and it goes
+        # now, so the removal is recorded first too; the other host's local copy goes at its next
+        # pass (at the latest as its run ends). Unrecorded, an export would look for the steps
+        # (found by the chaos campaign: "its best step is neither in ... nor in s3://...").
+        session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
     for sibling in (integrity.sums_dir(folder), integrity.quarantine_dir(folder)):  # also after a kill
         freed += _remove_tree(sibling)
     if session.remote is not None:  # the bucket follows the local folder (markers first)

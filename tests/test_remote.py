@@ -219,3 +219,106 @@ def test_a_removed_trial_left_in_the_bucket_is_pruned_by_the_next_pass(here, buc
     finally:
         session.close()
     assert tier.steps(f"trial_{removed:04d}") == [] and tier.steps(f"trial_{kept:04d}") == in_bucket[kept]
+
+
+def test_a_host_s_stale_copy_of_a_trial_another_host_finished_goes_as_its_run_ends(tmp_path, monkeypatch,
+                                                                                    bucket_prefix):
+    """Found by the chaos campaign: host a is interrupted on trial 0 (its steps stay on its disk), host
+    b takes trial 0 over, finishes the study and removes trial 0 by keep_trials from its disk and the
+    bucket. The removal is recorded although host b removed only the bucket's copy of a trial host a
+    trained (an export looked for its steps), and host a, whose run was waiting meanwhile, removes
+    its stale copy as its run ends: no host keeps a trial outside the best K."""
+    import optuna
+
+    from sweep import export, retention, scheduler
+    from sweep.session import Session
+    from test_scheduler import run_interrupted, write_trial
+
+    write_trial(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def host(name: str) -> dict:
+        return make_study(tmp_path / name, n_trials=2, storage=storage,
+                          checkpoint={"every_steps": 20, "keep_last": 2, "keep_trials": 1, "remote": bucket_prefix})
+
+    a, b = host("a"), host("b")
+    run_interrupted(a, number=0, step=20)
+    assert saved_steps(checkpoint_dir(a, 0))  # host a's copy of trial 0, interrupted
+
+    real_next = scheduler._next_trial
+    b_ran = []
+
+    def next_trial(session, deadline):  # host b runs the study while host a's run is under way
+        if not b_ran:
+            b_ran.append(True)
+            run(b)
+        return real_next(session, deadline)
+
+    monkeypatch.setattr(scheduler, "_next_trial", next_trial)
+    run(a)  # its start's pass sees trial 0 RUNNING; host b finishes it meanwhile
+    assert b_ran
+    done = optuna.load_study(study_name="sched", storage=storage).get_trials()
+    assert [t.state.name for t in done] == ["COMPLETE", "COMPLETE"]
+    best = min(done, key=lambda t: t.value).number
+    assert best == 1  # trial 0 is the one outside the best 1, trained first on host a
+    session = Session(config_lib.from_dict(b)).open(create=False)
+    try:
+        assert set(retention.removed(session)) == {0}  # recorded, though host b's disk had only its own copy
+    finally:
+        session.close()
+    tier = tier_of(bucket_prefix, storage, "sched")
+    assert tier.steps("trial_0000") == [] and tier.steps("trial_0001")
+    assert not checkpoint_dir(a, 0).exists()  # host a's stale copy went as its run ended
+    assert not checkpoint_dir(b, 0).exists()
+    out = tmp_path / "export"
+    session = Session(config_lib.from_dict(host("c")))
+    try:
+        export.export(session, out)  # a third folder: the bucket only
+    finally:
+        session.close()
+    index = json.loads((out / "index.json").read_text())
+    assert [t["number"] for t in index["trials"]] == [1] and list(index["removed"]) == ["0"]
+
+
+def test_a_host_removing_only_the_bucket_s_copy_records_the_removal(tmp_path, monkeypatch, bucket_prefix):
+    """Host a trained both trials; host b (no folder of them) applies keep_trials 1 first: it removes
+    trial 0's copy in the bucket, and records the removal first, so an export from a third folder
+    leaves trial 0 out instead of failing on its missing steps; host a's own copy goes at its next
+    pass."""
+    from sweep import export, retention
+    from sweep.session import Session
+    from test_scheduler import write_trial
+
+    write_trial(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def host(name: str, keep: int) -> dict:
+        return make_study(tmp_path / name, n_trials=2, storage=storage,
+                          checkpoint={"every_steps": 20, "keep_last": 2, "keep_trials": keep, "remote": bucket_prefix})
+
+    run(host("a", 2))
+    tier = tier_of(bucket_prefix, storage, "sched")
+    assert tier.steps("trial_0000") and tier.steps("trial_0001")
+
+    def apply_budget(study: dict) -> dict[int, str]:
+        session = Session(config_lib.from_dict(study)).open(create=False)
+        try:
+            retention.enforce(session)
+            return retention.removed(session)
+        finally:
+            session.close()
+
+    assert set(apply_budget(host("b", 1))) == {0}  # trial 1 is the best (asserted by the steps kept)
+    assert tier.steps("trial_0000") == [] and tier.steps("trial_0001")
+    assert saved_steps(checkpoint_dir(host("a", 1), 0))  # host b cannot touch host a's disk
+    out = tmp_path / "export"
+    session = Session(config_lib.from_dict(host("c", 1)))
+    try:
+        index = export.export(session, out)
+    finally:
+        session.close()
+    assert [t["number"] for t in index["trials"]] == [1] and list(index["removed"]) == ["0"]
+    apply_budget(host("a", 1))
+    assert not checkpoint_dir(host("a", 1), 0).exists() and saved_steps(checkpoint_dir(host("a", 1), 1))
