@@ -413,13 +413,16 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
 def _inject(rng: random.Random, kinds: list[str], hosts: list[Host], proxy: Proxy, storage: str, name: str,
             undo: list[tuple[float, str, Any]], now: float) -> dict[str, Any] | None:
     """Inject the next fault of `kinds` (a seeded round: each kind once per round, in random order; a
-    kind with no target now goes to the end of its round)."""
+    kind with no target now goes to the end of its round, or to the front of the next)."""
     if not kinds:
         kinds += rng.sample(KINDS_ROUND, len(KINDS_ROUND))
     kind = kinds.pop(0)
     fault = _inject_kind(kind, rng, hosts, proxy, storage, name, undo, now)
-    if fault is None and kinds:
-        kinds.append(kind)  # later in this round
+    if fault is None:  # later in this round, or first in the next (a kind is never dropped)
+        if not kinds:
+            kinds += [kind] + [k for k in rng.sample(KINDS_ROUND, len(KINDS_ROUND)) if k != kind]
+        else:
+            kinds.append(kind)
     return fault
 
 

@@ -73,13 +73,14 @@ def run(session: Session, stop: StopSignal) -> None:
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
                 break
-        # One more pass as the run ends: the ranking is final now, and only this host can remove
-        # its own stale copies (a trial it was interrupted on that another host finished after
-        # this host's last pass: found by the chaos campaign).
-        _after_finish(session)
         if session.remote is not None and not session.remote.wait(0):
             log.info("waiting for the uploads to %s", session.remote.url)
             session.remote.wait()
+        # One more pass as the run ends: the ranking is final now, and only this host can remove
+        # its own stale copies (a trial it was interrupted on that another host finished after
+        # this host's last pass: found by the chaos campaign). After the uploads, so that none of
+        # them marks a step in the bucket after the pass pruned it.
+        _after_finish(session)
     finally:
         claims.stop_heartbeat()
         grace = stop.grace_left() - 1.0 if stop.signum is not None else TRACKING_DRAIN_S
