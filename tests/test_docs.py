@@ -166,14 +166,55 @@ def test_reference_tuple_returns_match_the_code():
         assert _top_level_items(returned[6:-1]) == len(names.split(",")), (dotted, returned)
 
 
-INLINE_CALLS = [(page_name(page), m.group(1), m.group(2)) for page in [REPO / "README.md", *sorted(
-    (REPO / "docs").glob("*.md"))] for m in re.finditer(r"`(sweep\.\w+)(\([\w=, *]*\))`", page.read_text())]
+def _inline_calls() -> list[tuple[str, str, str]]:
+    """(page, dotted name, arguments) of every call written with its arguments in running text:
+    `sweep.X(...)` anywhere, also wrapped over lines, and in the README the session's methods
+    written bare (`run(n_jobs=None, ...)`, `load_best(trial=None)`)."""
+    out = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for m in re.finditer(r"`((?:sweep\.)?\w+)(\([^`()]*\))`", page.read_text()):
+            name, args = m.group(1), re.sub(r"\s*\n\s*", " ", m.group(2))
+            if args == "(...)":
+                continue  # elided on purpose: no claim
+            if not name.startswith("sweep."):
+                if page.name != "README.md" or not hasattr(sweep.StudySession, name):
+                    continue  # a trial's function (`loss(hp, ...)`), not sweep's
+                name = f"StudySession.{name}"
+            out.append((page_name(page), name, args))
+    return out
+
+
+INLINE_CALLS = _inline_calls()
 
 
 @pytest.mark.parametrize("page, name, args", INLINE_CALLS, ids=[f"{p}:{n}{a}" for p, n, a in INLINE_CALLS])
 def test_docs_inline_signatures_match_the_code(page, name, args):
     """`sweep.load_variables(path)` written in running text is the function's signature too."""
     assert _plain(_resolve(name)) == args, f"{page} writes {name}{args}"
+
+
+def test_the_readme_s_session_methods_and_wrapped_calls_are_checked_too():
+    names = {name for page, name, _ in INLINE_CALLS if page == "README.md"}
+    assert {"StudySession.run", "StudySession.export", "StudySession.load_best", "sweep.load_best"} <= names, names
+
+
+RETURN_CLAIMS = [(page_name(page), m.group(1), m.group(2)) for page in [REPO / "README.md", *sorted(
+    (REPO / "docs").glob("*.md"))] for m in re.finditer(r"`(sweep\.\w+)\([^`]*\)`,?\s+(?:which\s+)?returns\s+`([^`]+)`",
+                                                        page.read_text())]
+
+
+def test_docs_prose_return_claims_match_the_code():
+    """"`sweep.load_variables(path)` returns `(variables, meta)`" in running text (line breaks
+    included): a pair where the function returns a pair, of as many items, and no pair otherwise
+    (docs/trials.md said it returned the variables alone)."""
+    assert ("docs/export.md", "sweep.load_variables", "(variables, meta)") in RETURN_CLAIMS, RETURN_CLAIMS
+    for page, name, claim in RETURN_CLAIMS:
+        returned = str(inspect.signature(_resolve(name)).return_annotation)
+        if returned.startswith("tuple["):
+            assert claim.startswith("(") and claim.endswith(")"), f"{page}: {name} returns {returned}, not {claim}"
+            assert len(claim[1:-1].split(",")) == _top_level_items(returned[6:-1]), f"{page}: {name} returns {returned}"
+        else:
+            assert not claim.startswith("("), f"{page}: {name} returns {returned}, not {claim}"
 
 
 def test_readme_is_a_front_door():
