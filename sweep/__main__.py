@@ -175,11 +175,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_drill(args: argparse.Namespace) -> int:
     from sweep import api, logs
+    from sweep.words import count
 
     with api.open(args.study_file) as session:
         logs.setup()
         report = session.drill(seed=args.seed, keep=args.keep)
-    print(f"recovery drill of {session.config.path} (trial 0, {session.config.study.train.steps} steps):")
+    print(f"recovery drill of {session.config.path} (trial 0, {count(session.config.study.train.steps, 'step')}):")
     print("\n".join("  " + line for line in report.lines()))
     return 0 if report.bit_identical else 1
 

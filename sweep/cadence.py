@@ -13,6 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
+from sweep.words import count
+
 if TYPE_CHECKING:
     from sweep.checkpoints import TrialCheckpoints
     from sweep.config import Checkpoint
@@ -109,7 +111,7 @@ def keys_text(every_steps: int | None, every_seconds: float | None, sep: str) ->
 
 def describe(checkpoint: Checkpoint) -> str:
     """The effective cadence in words, as `plan` states it."""
-    parts = [x for x in (f"every {checkpoint.every_steps} steps" if checkpoint.every_steps else "",
+    parts = [x for x in (f"every {count(checkpoint.every_steps, 'step')}" if checkpoint.every_steps else "",
                          f"every {checkpoint.every_seconds:g} s" if checkpoint.every_seconds else "") if x]
     asked = " or ".join(parts) + (" (whichever comes first)" if len(parts) > 1 else "")
     share = checkpoint.write_share

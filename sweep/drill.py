@@ -30,6 +30,7 @@ from sweep.config import Config
 from sweep.errors import SweepError
 from sweep.ledger import LEDGER_ATTR
 from sweep.session import Session
+from sweep.words import count
 
 
 @dataclasses.dataclass
@@ -53,7 +54,7 @@ class DrillReport:
                 f" (aimed at step {self.aimed_at_step}; waited for the first committed checkpoint)"
                 if self.killed_at_step > self.aimed_at_step and self.resumed_from_step > self.aimed_at_step else ""),
             f"resumed from step               {self.resumed_from_step}",
-            f"work lost                       {self.lost_steps} steps, {self.lost_seconds:.2f} s",
+            f"work lost                       {count(self.lost_steps, 'step')}, {self.lost_seconds:.2f} s",
             *([f"saves deferred                  {self.deferred_saves} (by checkpoint.max_write_share: the newest "
                "checkpoint lagged the cadence)"] if self.deferred_saves else []),
             "recovery: restart -> restored   " + (

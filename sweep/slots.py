@@ -158,8 +158,8 @@ def plan(path: str, n_jobs: int, devices: int, per_device: int, host: Host) -> l
         share = f" / trials_per_device {per_device}" if per_device > 1 else ""
         need = -(-n_jobs * devices // per_device)  # ceil
         raise ConfigError(path, "parallel.n_jobs",
-                          f"{n_jobs} workers x train.devices {devices}{share} need {need} {host.platform} devices, "
-                          f"the host has {host.count}: at most {groups * per_device} workers (n_jobs: auto)"
+                          f"{n_jobs} workers x train.devices {devices}{share} need {count(need, host.platform + ' device')}, "
+                          f"the host has {host.count}: at most {count(groups * per_device, 'worker')} (n_jobs: auto)"
                           + ("" if per_device > 1 else ", or let workers share devices (parallel.trials_per_device)"),
                           n_jobs)
     memory = memory_settings(per_device) if host.platform == "gpu" else {}

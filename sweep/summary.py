@@ -42,7 +42,7 @@ def text(session: Session) -> str:
     if config.study.multi_objective:
         front = session.pareto_numbers()
         names = [o.metric for o in config.study.all_objectives]
-        lines.append(f"Pareto front ({', '.join(names)}): {len(front)} trials: {', '.join(map(str, front))}")
+        lines.append(f"Pareto front ({', '.join(names)}): {count(len(front), 'trial')}: {', '.join(map(str, front))}")
         values = ", ".join(f"{m}={v!r}" for m, v in zip(names, best.values))
         lines.append(f"best trial by {metric} (on the front): {best.number}  {values} at step "
                      f"{best.user_attrs.get('best_step')}")

@@ -105,6 +105,33 @@ def test_no_message_hedges_its_plural_with_s_in_parentheses():
     assert not hedged, hedged
 
 
+# f-strings that put a number before a plural noun by hand, where the number can never be 1
+COUNTS_NEVER_ONE = {
+    "compiled.py": "train.devices: {devices} devices",  # raised only where devices > 1 must divide
+    "continuation.py": "{steps} steps",  # a companion study's length: more steps than a trained trial's
+    "status.py": "continued to {steps} steps",  # idem
+    "progress.py": "steps/s",  # a rate
+    "remote.py": "bytes in",  # an object's size in a mismatch message
+    "stream.py": "bytes",  # a serialized state's size
+    "slots.py": "{n_jobs} workers x",  # more workers than the host's slots: at least 2
+}
+
+
+def test_counts_in_messages_use_words_count():
+    """'1 trial', never '1 trials' (issue 33 item 6: the summary printed "Pareto front: 1 trials" and
+    the drill "work lost 1 steps"): a number formatted before a plural noun goes through
+    words.count, except where it cannot be 1 (listed above, with why)."""
+    nouns = "trials|steps|workers|devices|saves|evaluations|interruptions|runs|hosts|files|arrays|bytes|seconds|checkpoints"
+    found = []
+    for path in SWEEP.glob("*.py"):
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            for m in re.finditer(r"\{[^{}]+\} (%s)\b" % nouns, line):
+                allowed = COUNTS_NEVER_ONE.get(path.name)
+                if not (allowed and allowed in line):
+                    found.append(f"{path.name}:{lineno}: {m.group(0)}")
+    assert not found, found
+
+
 def test_test_files_hold_no_trial_of_their_own_only_tests_trials_does():
     """Every trial module the tests write lives once, in tests/trials/ (files.write_trial copies it
     under a test's own name, with constants changed). Outside it, a string literal that is a trial
