@@ -3,9 +3,11 @@
 #   1. a digits study with n_jobs G (one trial per GPU): trials that ran at the same time were on
 #      distinct GPUs (their `devices` in status --json, and nvidia-smi's compute processes);
 #   2. trials/hour of that run against n_jobs 1 on the same trials;
-#   3. save blocking of a ~100 MB state on the GPU: sweep's host copy at a save (device -> private
+#   3. packing small trials: trials/hour with parallel.trials_per_device M = 2 and 4 (n_jobs M x G,
+#      each worker limited to ~0.9/M of its GPU's memory) against M = 1 (run 1);
+#   4. save blocking of a ~100 MB state on the GPU: sweep's host copy at a save (device -> private
 #      numpy, what a save blocks the training thread on) against a plain host copy of 100 MB.
-# Two runs of `sweep run` (150 s at most each) and a copy benchmark: under 8 minutes.
+# Four runs of `sweep run` (110 s at most each) and a copy benchmark: under 8 minutes.
 # UNVERIFIED: written without a GPU (bash -n checked only). Run from the repository root:
 #   bash benchmarks/gpu_check.sh            # PYTHON=.venv/bin/python to pick the interpreter
 set -euo pipefail
@@ -18,20 +20,21 @@ trap 'kill "${SMI_PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 G=$(XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -c "import jax; print(len(jax.devices('gpu')))")
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "host: $G x $GPU_NAME"
-N_TRIALS=$((2 * G))
+N_TRIALS=$((4 * G))  # enough for every worker of M = 4 to train one
 
 # One shape (only the learning rate is sampled): each worker process compiles once, and a worker
 # sees its GPU as its device 0, so the workers share the study's compilation cache.
-study() {  # study NAME N_JOBS -> a study file: the digits trial, random sampler, the same trials
-  "$PY" - "$WORK/$1.yaml" "$WORK/$1" "$1" "$2" "$N_TRIALS" <<'EOF'
+study() {  # study NAME N_JOBS [M] -> a study file: the digits trial, random sampler, the same trials
+  "$PY" - "$WORK/$1.yaml" "$WORK/$1" "$1" "$2" "$N_TRIALS" "${3:-1}" <<'EOF'
 import sys, yaml
-path, workdir, name, n_jobs, n_trials = sys.argv[1:]
+path, workdir, name, n_jobs, n_trials, per_device = sys.argv[1:]
 raw = yaml.safe_load(open("studies/digits_mlp.yaml"))
 raw.update(name=name, workdir=workdir, n_trials=int(n_trials), sampler={"type": "random", "seed": 0},
            search_space={"learning_rate": raw["search_space"]["learning_rate"]},
            fixed={"batch_size": 64, "hidden": 128, "optimizer": "adam"},
            pruner={"type": "none"}, train={"steps": 3000, "eval_every": 500, "seed": 0},
-           checkpoint={"every_steps": 1000}, parallel={"n_jobs": int(n_jobs)})
+           checkpoint={"every_steps": 1000},
+           parallel={"n_jobs": int(n_jobs), "trials_per_device": int(per_device)})
 yaml.safe_dump(raw, open(path, "w"), sort_keys=False)
 EOF
 }
@@ -39,7 +42,7 @@ EOF
 timed_run() {  # timed_run STUDY_FILE -> seconds of `sweep run`
   local t0 t1
   t0=$(date +%s.%N)
-  timeout 150 "$PY" -m sweep run "$1" --quiet > "$1.out" 2> "$1.err" || { cat "$1.err"; exit 1; }
+  timeout 110 "$PY" -m sweep run "$1" --quiet > "$1.out" 2> "$1.err" || { cat "$1.err" >&2; exit 1; }
   t1=$(date +%s.%N)
   "$PY" -c "print(f'{$t1 - $t0:.1f}')"
 }
@@ -52,6 +55,10 @@ SMI_PID=$!
 T_MANY=$(timed_run "$WORK/many.yaml")
 kill "$SMI_PID" 2>/dev/null || true
 T_ONE=$(timed_run "$WORK/one.yaml")
+study pack2 $((2 * G)) 2; study pack4 $((4 * G)) 4
+T_PACK2=$(timed_run "$WORK/pack2.yaml")
+T_PACK4=$(timed_run "$WORK/pack4.yaml")
+"$PY" -c "n = $N_TRIALS; print('packing, trials/hour: ' + ', '.join(f'M = {m}: {n / t * 3600:.0f} ({t:.1f} s)' for m, t in ((1, $T_MANY), (2, $T_PACK2), (4, $T_PACK4))))"
 "$PY" -m sweep status "$WORK/many.yaml" --json > "$WORK/status.json"
 
 "$PY" - "$WORK/status.json" "$WORK/smi.txt" "$G" "$N_TRIALS" "$T_MANY" "$T_ONE" "$WORK/many.yaml" <<'EOF'
@@ -78,7 +85,7 @@ print("distinct GPUs: OK" if ok else "distinct GPUs: FAILED")
 sys.exit(0 if ok else 1)
 EOF
 
-# 3: save blocking of a ~100 MB state on the GPU vs a plain host copy.
+# 4: save blocking of a ~100 MB state on the GPU vs a plain host copy.
 "$PY" - <<'EOF'
 import statistics, time
 import jax, jax.numpy as jnp, numpy as np
