@@ -22,6 +22,8 @@ every fault is undone, dead hosts are restarted, and all must exit 0. Then the i
     when it asked, with several workers; what a trial computes does not); a COMPLETE trial ends
     with the reference's value, best and last step;
   - keep_trials held: only the K best COMPLETE trials have checkpoints, on any host or in the bucket;
+  - max_disk held: each host's checkpoints take at most max_disk at the end (the report also gives
+    the peak sampled every second meanwhile: a takeover's fetch from the bucket is not capped);
   - no temporary folder left (Orbax's *.orbax-checkpoint-tmp*, sweep's dot-names);
   - `sweep export` from an empty folder (reading the bucket) writes every kept trial and each
     exported trial's params equal the ones exported from the hosts' checkpoints.
@@ -55,6 +57,7 @@ BUCKET = "chaos"
 PG_ADMIN = os.environ.get("SWEEP_TEST_POSTGRES", "postgresql+psycopg://postgres@localhost/postgres")
 KINDS = ("kill9", "sigterm", "freeze", "pg", "s3", "disk", "damage")
 LEASE_GRACE = 3.0
+MAX_DISK = "2MB"  # per host: binds at times (a host holds ~1-1.5 MB of steps), never below what it must keep
 KINDS_ROUND: list[str] = list(KINDS)  # the kinds a round of the schedule takes (campaign sets it)
 
 
@@ -208,7 +211,8 @@ def study_file(folder: Path, storage: str, n_trials: int, steps: int, pruner: bo
                          "hidden": {"type": "int", "low": 16, "high": 64, "step": 16}},
         "fixed": {"batch_size": 32},
         "train": {"steps": steps, "eval_every": steps // 20, "seed": 0},
-        "checkpoint": {"every_steps": steps // 10, "keep_last": 2, "keep_best": 1, "keep_trials": 2},
+        "checkpoint": {"every_steps": steps // 10, "keep_last": 2, "keep_best": 1, "keep_trials": 2,
+                       "max_disk": MAX_DISK},
         "parallel": {"lease_grace_seconds": LEASE_GRACE},
     }
     if remote:
@@ -364,6 +368,7 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
                     report["faults"].append(fault)
                     say(f"{fault['t']:7.1f}s {fault['kind']}: {fault.get('target', '')}")
                 next_fault = now + rng.uniform(2, 6)
+            _sample_disk(hosts, name, report)
             time.sleep(0.1)
         report["fault_seconds"] = round(time.monotonic() - start, 1)
         say("faults over: everything undone, every host runs until the study is finished")
@@ -473,6 +478,22 @@ def _undo(what: str, target: Any, proxy: Proxy) -> None:
         target.unlink(missing_ok=True)
 
 
+_SAMPLED = [0.0]
+
+
+def _sample_disk(hosts: list[Host], name: str, report: dict[str, Any]) -> None:
+    """Each host's checkpoint bytes (as the budget counts them), once a second: the peak goes in the report."""
+    if time.monotonic() - _SAMPLED[0] < 1.0:
+        return
+    _SAMPLED[0] = time.monotonic()
+    from sweep.retention import folder_bytes
+
+    peak = report.setdefault("peak_checkpoint_bytes", {})
+    for h in hosts:
+        used = folder_bytes(h.folder / "runs" / name / "checkpoints")
+        peak[f"host-{h.index}"] = max(peak.get(f"host-{h.index}", 0), used)
+
+
 def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: str, name: str,
           env: dict[str, str]) -> dict[str, Any]:
     """The invariants (module docstring): name -> True, or what broke it."""
@@ -524,6 +545,13 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
                 os.environ[k] = v
     out["keep_trials_held"] = (True if local <= keep and remote <= keep and keep <= local | remote
                                else {"keep": sorted(keep), "local": sorted(local), "bucket": sorted(remote)})
+    from pydantic import ByteSize, TypeAdapter
+
+    from sweep.retention import folder_bytes
+
+    cap = TypeAdapter(ByteSize).validate_python(MAX_DISK)
+    used = {f"host-{h.index}": folder_bytes(h.folder / "runs" / name / "checkpoints") for h in hosts}
+    out["max_disk_held"] = True if all(u <= cap for u in used.values()) else {"max_disk": cap, "used": used}
     leftovers = [str(p.relative_to(root)) for h in hosts for p in (h.folder / "runs" / name).rglob("*")
                  if ".orbax-checkpoint-tmp" in p.name or p.name.endswith(".removing") or p.name.endswith(".tmp")]
     out["no_temporary_folders"] = True if not leftovers else leftovers

@@ -26,4 +26,5 @@ def test_a_seeded_minute_of_faults_on_three_hosts_breaks_no_guarantee(tmp_path, 
     assert len(report["faults"]) >= 8, report["faults"]
     assert report["invariants"] == {name: True for name in report["invariants"]}, report["invariants"]
     assert set(report["invariants"]) == {"n_trials_finished", "no_trial_failed", "bit_identical_to_uninterrupted",
-                                         "keep_trials_held", "no_temporary_folders", "export_verifies"}
+                                         "keep_trials_held", "max_disk_held", "no_temporary_folders",
+                                         "export_verifies"}
