@@ -6,9 +6,11 @@ alternating ABBA in fresh workdirs; "on" logs to TensorBoard files and to a real
 on localhost (SQLite backend), started once before the rounds. Measured: the trials' own time
 (the sum of each trial's start -> complete, from the study's storage) and the process's wall
 time (which also holds mlflow's import and the export artifacts logged after the trials).
-Target: on/off <= 1.02 on the trials' time.
+Target: on/off <= 1.02 on the trials' time. Also printed: the trials after each run's first
+(the writers' packages are imported on their threads while the first trial starts), and with
+--split the TensorBoard-only and MLflow-only sides, to tell the writers' costs apart.
 
-    python benchmarks/tracking_overhead.py [--rounds 4]
+    python benchmarks/tracking_overhead.py [--rounds 4] [--split] [--steps 2000]
 """
 
 from __future__ import annotations
@@ -51,11 +53,14 @@ def mlflow_server(root: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.3)
 
 
-def run_once(root: Path, name: str, logging: dict | None) -> tuple[float, float]:
-    """(sum of the trials' own seconds, the process's wall seconds) of one study run."""
+STEPS = [2000]  # --steps
+
+
+def run_once(root: Path, name: str, logging: dict | None) -> tuple[list[float], float]:
+    """(each trial's own seconds, by number; the process's wall seconds) of one study run."""
     raw = yaml.safe_load((harness.REPO / "studies" / "digits_mlp.yaml").read_text())
     raw.update(name=name, workdir=str(root / name), n_trials=3, pruner={"type": "none"},
-               train={"steps": 2000, "eval_every": 50, "seed": 0})
+               train={"steps": STEPS[0], "eval_every": STEPS[0] // 40, "seed": 0})
     if logging:
         raw["logging"] = logging
     path = root / f"{name}.yaml"
@@ -65,38 +70,49 @@ def run_once(root: Path, name: str, logging: dict | None) -> tuple[float, float]
                    capture_output=True)
     wall = time.perf_counter() - t0
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{root / name / 'study.db'}")
-    trials = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in study.trials)
+    trials = [(t.datetime_complete - t.datetime_start).total_seconds()
+              for t in sorted(study.trials, key=lambda t: t.number)]
     return trials, wall
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--split", action="store_true", help="also TensorBoard only and MLflow only")
+    ap.add_argument("--steps", type=int, default=2000, help="steps per trial (an evaluation every steps/40)")
     args = ap.parse_args()
+    STEPS[0] = args.steps
     harness.quiet()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         server, url = mlflow_server(root)
         try:
-            walls: dict[str, list[float]] = {"on": [], "off": []}
+            settings = {"on": {"tensorboard": True, "mlflow": url}, "off": None}
+            if args.split:
+                settings.update({"tb": {"tensorboard": True}, "mlflow": {"mlflow": url}})
+            walls: dict[str, list[float]] = {key: [] for key in settings}
+            later: dict[str, list[float]] = {key: [] for key in settings}
 
-            def side(logging: dict | None, key: str):
+            def side(key: str):
                 def go(r: int) -> float:
-                    trials, wall = run_once(root, f"{key}{r}", logging)
+                    trials, wall = run_once(root, f"{key}{r}", settings[key])
                     walls[key].append(wall)
-                    return trials
+                    later[key].append(sum(trials[1:]))
+                    return sum(trials)
                 return go
 
-            run_once(root, "warmup", {"tensorboard": True, "mlflow": url})  # compile cache, server warm
-            times = harness.alternate({"on": side({"tensorboard": True, "mlflow": url}, "on"),
-                                       "off": side(None, "off")}, args.rounds)
+            run_once(root, "warmup", settings["on"])  # compile cache, server warm
+            times = harness.alternate({key: side(key) for key in settings}, args.rounds)
         finally:
             server.terminate()
             server.wait(timeout=30)
     harness.report("trials' own time, writers on vs off", "on", "off", times, "<= 1.02")
+    harness.report("trials after each run's first, writers on vs off", "on", "off", later, "(context)")
     harness.report("process wall time, writers on vs off", "on", "off", walls, "(context)")
+    for key in ("tb", "mlflow") if args.split else ():
+        harness.report(f"trials' own time, {key} only vs off", key, "off", times, "(split)")
     for label, seconds in (("trials' own time", times), ("process wall time", walls)):  # the spread, for the noise
-        for key in ("on", "off"):
+        for key in settings:
             print(f"{label}, {key}, per round (s): {' '.join(f'{v:.2f}' for v in seconds[key])}")
 
 

@@ -27,6 +27,10 @@ from sweep.tracking_events import THREAD_NAME, TrialStart, Writer
 
 log = logging.getLogger("sweep")
 RETRY_S = 1.0  # one retry after this pause, then the writer is skipped until the next trial
+# A lane sends evaluations at most about once per PACE_S, those queued meanwhile in one call
+# (`Writer.evaluations`: one MLflow request, one TensorBoard flush): a trial that evaluates every
+# few milliseconds costs a request a second, not one an evaluation (issue 32's overhead).
+PACE_S = 1.0
 _STOP = object()
 _WARNED: set[str] = set()  # the writers that warned in this process: a server away is said once
 
@@ -107,17 +111,33 @@ class _Lane:
             log.warning("%s: could not start (%s: %s); the study goes on without it", self.name,
                         type(exc).__name__, _short(exc))
             writer = None
+        batches = writer is not None and hasattr(writer, "evaluations")
+        sent = 0.0
         while True:
-            item = self.queue.get()
-            if item is _STOP:
-                if writer is not None:
-                    self._call(writer, "close", -1, ())
-                return
-            method, number, args = item
-            if method == "start":
-                self._skipped.discard(number)  # a new start catches up from the storage
-            if writer is not None and number not in self._skipped:
-                self._call(writer, method, number, args)
+            items = [self.queue.get()]
+            if batches and items[0] is not _STOP and items[0][0] == "evaluation":
+                time.sleep(max(0.0, sent + PACE_S - time.monotonic()))
+                sent = time.monotonic()
+                items += self._queued()
+            for item in _batched(items) if batches else items:
+                if item is _STOP:
+                    if writer is not None:
+                        self._call(writer, "close", -1, ())
+                    return
+                method, number, args = item
+                if method == "start":
+                    self._skipped.discard(number)  # a new start catches up from the storage
+                if writer is not None and number not in self._skipped:
+                    self._call(writer, method, number, args)
+
+    def _queued(self) -> list[Any]:
+        """What is on the queue now, without waiting."""
+        out = []
+        while True:
+            try:
+                out.append(self.queue.get_nowait())
+            except queue.Empty:
+                return out
 
     def _call(self, writer: Writer, method: str, number: int, args: tuple[Any, ...]) -> None:
         for attempt in (1, 2):
@@ -137,6 +157,23 @@ class _Lane:
                                 number, method, type(exc).__name__, _short(exc))
                 else:
                     log.debug("%s: %s failed (%s)", self.name, method, exc)
+
+
+def _batched(items: list[Any]) -> list[Any]:
+    """Consecutive evaluations of one trial as one ("evaluations", number, (number, [(step,
+    metrics), ...])) event; everything else as it came, in order."""
+    out: list[Any] = []
+    for item in items:
+        if item is not _STOP and item[0] == "evaluation":
+            number, step, metrics = item[2]
+            last = out[-1] if out else None
+            if last is not None and last is not _STOP and last[0] == "evaluations" and last[1] == number:
+                last[2][1].append((step, metrics))
+                continue
+            out.append(("evaluations", number, (number, [(step, metrics)])))
+        else:
+            out.append(item)
+    return out
 
 
 def log_exports(session: Any) -> int:

@@ -36,6 +36,10 @@ class Writer(Protocol):
 
     def evaluation(self, number: int, step: int, metrics: dict[str, float]) -> None: ...
 
+    def evaluations(self, number: int, rows: list[tuple[int, dict[str, float]]]) -> None:
+        """Several evaluations of one trial, in step order, sent at once (optional: without it
+        each goes to `evaluation`)."""
+
     def checkpoint(self, number: int, step: int) -> None: ...
 
     def end(self, number: int, state: str, best_step: int | None) -> None: ...

@@ -25,6 +25,9 @@ from sweep.words import count
 # again catches up what was skipped. Left alone where the user set them.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+# MLflow 3's usage telemetry starts a thread per process that polls a remote config every 100 ms
+# until it answers (never, on an offline cluster node): off unless the user turned it on.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402 - after the retry settings above
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -59,8 +62,11 @@ class MlflowWriter:
             self._log(trial.number, step, trial.history[step])
 
     def evaluation(self, number: int, step: int, metrics: dict[str, float]) -> None:
+        self.evaluations(number, [(step, metrics)])
+
+    def evaluations(self, number: int, rows: list[tuple[int, dict[str, float]]]) -> None:
         if number in self._runs:
-            self._log(number, step, metrics)
+            self._log_rows(number, rows)
 
     def checkpoint(self, number: int, step: int) -> None:
         return None  # steps are shown by TensorBoard's text; a tag per save would only grow the run
@@ -80,13 +86,19 @@ class MlflowWriter:
             self._client.set_terminated(self._parent, "FINISHED")
 
     def _log(self, number: int, step: int, metrics: dict[str, float]) -> None:
+        self._log_rows(number, [(step, metrics)])
+
+    def _log_rows(self, number: int, rows: list[tuple[int, dict[str, float]]]) -> None:
+        """The metrics of `rows` ((step, metrics) pairs) that the run lacks, in as few requests as
+        MLflow's limit allows."""
         run_id, logged = self._runs[number]
         now = int(time.time() * 1000)
-        new = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items()) if step not in logged.setdefault(k, set())]
+        new = [Metric(k, float(v), now, step) for step, metrics in rows for k, v in sorted(metrics.items())
+               if step not in logged.setdefault(k, set())]
         for i in range(0, len(new), _BATCH):
             self._client.log_batch(run_id, metrics=new[i:i + _BATCH])
         for m in new:  # only once MLflow has them
-            logged[m.key].add(step)
+            logged[m.key].add(m.step)
 
     def _run_of(self, trial: TrialStart) -> str:
         """The trial's run: the one its record names, else one tagged with its number under the

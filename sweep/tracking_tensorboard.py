@@ -72,13 +72,17 @@ class TensorBoardWriter:
         self._files[trial.number] = writer
 
     def evaluation(self, number: int, step: int, metrics: dict[str, float]) -> None:
+        self.evaluations(number, [(step, metrics)])
+
+    def evaluations(self, number: int, rows: list[tuple[int, dict[str, float]]]) -> None:
         writer = self._files.get(number)
         if writer is None:
             return
         now = time.time()
-        for name, value in sorted(metrics.items()):
-            writer.write(_scalar(now, step, name, value))
-        writer.flush()
+        for step, metrics in rows:
+            for name, value in sorted(metrics.items()):
+                writer.write(_scalar(now, step, name, value))
+        writer.flush()  # once for the batch
 
     def checkpoint(self, number: int, step: int) -> None:
         writer = self._files.get(number)

@@ -360,3 +360,48 @@ def test_tracker_a_failing_writer_is_skipped_with_one_warning_until_the_trial_st
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "flaky: trial 0: evaluation failed twice (ConnectionError: server away)" in \
         warnings[0].getMessage()
+
+
+def test_tracker_sends_the_evaluations_queued_meanwhile_in_one_call_in_order(monkeypatch):
+    """A writer with `evaluations` gets the evaluations queued while it waited (PACE_S) in one
+    call (one MLflow request, one TensorBoard flush: issue 32's overhead was a request per
+    evaluation), every step once, in order, with the other events where they came."""
+    import threading
+
+    from sweep import tracking
+
+    monkeypatch.setattr(tracking, "PACE_S", 0.3)
+    seen: list[tuple] = []
+    first = threading.Event()
+
+    class Batching:
+        def start(self, trial):
+            seen.append(("start", trial))
+
+        def evaluation(self, number, step, metrics):
+            raise AssertionError("a writer with evaluations gets them batched")
+
+        def evaluations(self, number, rows):
+            seen.append(("evaluations", number, [step for step, _ in rows]))
+            first.set()
+
+        def checkpoint(self, number, step):
+            seen.append(("checkpoint", number, step))
+
+        def end(self, number, state, best_step):
+            seen.append(("end", number, state))
+
+        def close(self): ...
+
+    tracker = tracking.Tracker([("batching", Batching)])
+    tracker.put("start", 0, 0)
+    tracker.put("evaluation", 0, 0, 10, {"val_loss": 1.0})
+    assert first.wait(10)  # the first goes out at once; the next ones wait for the pace
+    for step in (20, 30, 40):
+        tracker.put("evaluation", 0, 0, step, {"val_loss": 1.0})
+    tracker.put("checkpoint", 0, 0, 40)
+    tracker.put("evaluation", 0, 0, 50, {"val_loss": 1.0})
+    tracker.put("end", 0, 0, "COMPLETE", 50)
+    assert tracker.close(30)
+    assert seen == [("start", 0), ("evaluations", 0, [10]), ("evaluations", 0, [20, 30, 40]), ("checkpoint", 0, 40),
+                    ("evaluations", 0, [50]), ("end", 0, "COMPLETE")]
