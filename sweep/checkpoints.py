@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from sweep import integrity, packing
+from sweep import cpu_time, integrity, packing
 from sweep.errors import DiskFault
 
 log = logging.getLogger("sweep")
@@ -96,14 +97,16 @@ def host_copy(state: Any) -> Any:
 
 
 class WriteBudget:
-    """How long the newest checkpoint write took and when it ended, for every trial of a session.
+    """What the newest checkpoint write cost and when it ended, for every trial of a session.
 
-    The share of time spent writing (see `TrialCheckpoints.busy`) is the process's, not a
-    trial's: trials one after the other share one budget.
+    A write costs the longer of its wall time and the CPU time it took beside training
+    (sweep/cpu_time.py: the writer's hashing, copies and Orbax's threads compete with training for
+    the cores). The share of time spent writing (see `TrialCheckpoints.busy`) is the process's,
+    not a trial's: trials one after the other share one budget.
     """
 
     def __init__(self) -> None:
-        self.last_write = (0.0, 0.0)  # (seconds, monotonic end)
+        self.last_write = (0.0, 0.0)  # (seconds charged, monotonic end)
 
     def record(self, seconds: float) -> None:
         self.last_write = (seconds, time.monotonic())
@@ -262,11 +265,11 @@ class TrialCheckpoints:
             if self.last_saved is None or step > self.last_saved:
                 todo.append((step, state, metrics))
                 self.last_saved = step
-        if todo:
-            self._pending = self._executor.submit(self._write, todo)
+        if todo:  # the calling thread trains: its CPU is not the write's
+            self._pending = self._executor.submit(self._write, todo, threading.get_native_id())
 
-    def _write(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
-        start = time.monotonic()
+    def _write(self, items: list[tuple[int, Any, dict[str, float] | None]], trainer: int | None = None) -> None:
+        start, cpu = time.monotonic(), cpu_time.Meter(trainer)
         try:
             self._write_items(items)
         except Exception as exc:
@@ -274,7 +277,7 @@ class TrialCheckpoints:
             raise
         finally:
             took = time.monotonic() - start
-            self.budget.record(took)
+            self.budget.record(max(took, cpu.writer_seconds()))
             self.written_seconds += took
 
     def _raise_disk_fault(self, exc: Exception, step: int | None) -> None:

@@ -172,3 +172,49 @@ def test_an_exact_cadence_that_costs_more_than_five_percent_is_said_once(write_s
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "of its training time" in line]
     assert len(said) == 1 and "trial 0: checkpoints at every_steps: 5 take" in said[0], result.stderr
+
+
+def _burn(seconds: float) -> None:
+    """Busy Python for `seconds` of this thread's CPU time."""
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        sum(range(1000))
+
+
+def test_the_write_budget_charges_the_cpu_a_write_takes_besides_training():
+    """cpu_time.Meter (issue 29 item 5): over a write, the CPU of threads other than the one that
+    trains (and XLA's pools) is the write's; the trainer's own CPU is not charged."""
+    import threading
+
+    from sweep import cpu_time
+
+    trainer = threading.get_native_id()
+    meter = cpu_time.Meter(trainer)
+    _burn(0.3)  # the training thread works: not the write's
+    assert meter.writer_seconds() < 0.1
+
+    meter = cpu_time.Meter(trainer)
+    writer = threading.Thread(target=_burn, args=(0.3,))  # the write's own CPU, on another thread
+    writer.start()
+    writer.join()
+    assert 0.25 <= meter.writer_seconds() < 1.0
+    assert cpu_time.training_seconds(trainer) > 0.3  # the trainer's burn above
+
+
+def test_a_write_is_charged_the_longer_of_its_wall_and_cpu_time(tmp_path, monkeypatch):
+    """A write that took 0.1 s of wall but used 2 s of CPU beside training (Orbax's threads, the
+    hashing) is charged 2 s: the budget then rests 2 s x (1/share - 1)."""
+    from sweep import checkpoints, cpu_time
+
+    monkeypatch.setattr(cpu_time.Meter, "writer_seconds", lambda self: 2.0)
+    ckpt = checkpoints.TrialCheckpoints(tmp_path / "t", "val_loss", "minimize", keep_last=2, keep_best=1)
+    try:
+        ckpt.save((1, {"w": __import__("numpy").ones(4, "float32")}, {"val_loss": 1.0}))
+        ckpt.wait()
+        charged, _ = ckpt.budget.last_write
+        assert charged == 2.0 and ckpt.written_seconds < 2.0
+        assert ckpt.busy(0.5)  # rests 2 s x (1/0.5 - 1) = 2 s before the next write
+    finally:
+        ckpt.close()
