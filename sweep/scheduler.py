@@ -7,9 +7,8 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-import jax
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -19,7 +18,7 @@ from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES, LAST_STEP,
                           METRICS, add_compiles, add_resume, eval_attr, metrics_at, reports)
 from sweep.checkpoints import newest_step
-from sweep.compiled import FUNCTIONS
+from sweep.compiled import forget_taken_grid_points
 from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
@@ -56,6 +55,7 @@ def run(session: Session, stop: StopSignal) -> None:
     code = trial_code.record(config.trial_module)  # what this process imported: the code its trials train with
     _log_start(session)
     retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
+    finished_at_start = _finished(session)
     if config.study.warm_start is not None:
         with claims.ask_lock():  # before the first ask, once, whichever worker comes first
             warm_start.apply(session)
@@ -79,8 +79,10 @@ def run(session: Session, stop: StopSignal) -> None:
         # One more pass as the run ends: the ranking is final now, and only this host can remove
         # its own stale copies (a trial it was interrupted on that another host finished after
         # this host's last pass: found by the chaos campaign). After the uploads, so that none of
-        # them marks a step in the bucket after the pass pruned it.
-        _after_finish(session)
+        # them marks a step in the bucket after the pass pruned it. Not where no trial finished
+        # since the start's pass (a finished study run again: the pass reads every trial).
+        if _finished(session) != finished_at_start:
+            _after_finish(session)
     finally:
         claims.stop_heartbeat()
         grace = stop.grace_left() - 1.0 if stop.signum is not None else TRACKING_DRAIN_S
@@ -89,6 +91,11 @@ def run(session: Session, stop: StopSignal) -> None:
 
 def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
+
+
+def _finished(session: Session) -> set[int]:
+    """The numbers of the study's finished trials (one narrow query)."""
+    return {n for n, state in session.trial_states().items() if state.is_finished()}
 
 
 def _others_running(session: Session) -> bool:
@@ -356,7 +363,9 @@ def _after_finish(session: Session) -> None:
     except Exception as exc:  # noqa: BLE001 - a removal that failed (a lock, a permission, NFS)
         log.warning("the study's disk budget could not be applied now (%s: %s); tried again after the next trial",
                     type(exc).__name__, exc)
-    _forget_taken_grid_points(session)
+    points = grid_points(session.config)
+    if points:  # a grid study: the compiled programs of hyperparameters no remaining point has go
+        forget_taken_grid_points(session.config.trial_module, points, [t.params for t in session.trials()])
 
 
 def _upload_within_grace(session: Session, number: int, folder: Path, stop: StopSignal) -> None:
@@ -367,28 +376,6 @@ def _upload_within_grace(session: Session, number: int, folder: Path, stop: Stop
     if not remote.wait(max(0.0, stop.grace_left() - 1.0)):
         log.warning("trial %d: its newest step is only local at %s: the upload to %s did not finish within the "
                     "grace period; it is uploaded when the trial runs here again", number, folder, remote.url)
-
-
-def _forget_taken_grid_points(session: Session) -> None:
-    """A grid study samples each point once: drop this process's compiled programs of
-    hyperparameters that no remaining grid point has (a shape-changing grid keeps RSS flat)."""
-    config = session.config
-    points = grid_points(config)
-    if not points:
-        return
-    taken = {repr(sorted(t.params.items())) for t in session.trials()}
-    remaining = [p for p in points if repr(sorted(p.items())) not in taken]
-
-    def reachable(static: Mapping[str, Any]) -> bool:
-        return any(all(static.get(k, v) == v for k, v in p.items()) for p in remaining)
-
-    dropped = FUNCTIONS.retain(config.trial_module, reachable)
-    if dropped:
-        # JAX keeps executables of its own per shape (the eager ops of optax's init, transfers):
-        # measured +5 MB a trial on a grid of 100 shapes with only sweep's programs dropped.
-        # The next trial's programs come from the persistent cache.
-        jax.clear_caches()
-        log.debug("dropped %s of grid points all taken", count(dropped, "compiled program"))
 
 
 def _log_start(session: Session) -> None:

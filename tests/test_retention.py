@@ -152,3 +152,22 @@ def test_max_disk_strips_finished_trials_to_their_best_step_and_refuses_a_save_b
     study["checkpoint"]["max_disk"] = "1GB"
     run(study)
     assert trials(study)[2].state == TrialState.COMPLETE
+
+
+def test_a_run_makes_its_final_pass_only_where_a_trial_finished_meanwhile(here, monkeypatch):
+    """The pass as a run ends (a host's stale copies, test_remote) reads every trial: a run of a
+    finished study makes only its start's pass; a run that finished trials makes its final one."""
+    study = make_study(here, n_trials=2, checkpoint={"every_steps": 20, "keep_last": 2, "keep_trials": 1})
+    passes: list[int] = []
+    real = retention.enforce
+
+    def counted(session, *args, **kwargs):
+        passes.append(len(session.trials()))
+        return real(session, *args, **kwargs)
+
+    monkeypatch.setattr(retention, "enforce", counted)
+    run(study)
+    assert passes == [0, 1, 2, 2]  # the start's, after each trial, the final one
+    passes.clear()
+    run(study)  # finished: nothing to train, nothing finished since the start's pass
+    assert passes == [2]
