@@ -3,9 +3,7 @@ kill cuts short, a reader holding a folder. Two real worker processes are in tes
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
