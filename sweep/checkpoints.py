@@ -167,6 +167,7 @@ class TrialCheckpoints:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
         self._pending: Future[None] | None = None
         self._writing: int | None = None  # the step the writer is on
+        self._trainer: int | None = None  # the native id of the thread that hands saves over (it trains)
         self.written_seconds = 0.0  # the writer thread's time on this folder's saves (the goodput ledger)
         self.last_saved: int | None = self._manager.latest_step()
 
@@ -265,11 +266,12 @@ class TrialCheckpoints:
             if self.last_saved is None or step > self.last_saved:
                 todo.append((step, state, metrics))
                 self.last_saved = step
-        if todo:  # the calling thread trains: its CPU is not the write's
-            self._pending = self._executor.submit(self._write, todo, threading.get_native_id())
+        if todo:
+            self._trainer = threading.get_native_id()  # the calling thread trains: its CPU is not the write's
+            self._pending = self._executor.submit(self._write, todo)
 
-    def _write(self, items: list[tuple[int, Any, dict[str, float] | None]], trainer: int | None = None) -> None:
-        start, cpu = time.monotonic(), cpu_time.Meter(trainer)
+    def _write(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
+        start, cpu = time.monotonic(), cpu_time.Meter(self._trainer)
         try:
             self._write_items(items)
         except Exception as exc:
