@@ -49,7 +49,7 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None, r
     Raises:
         CheckpointsRemoved: the study's disk budget removed them (`removed` says why).
     """
-    from sweep.checkpoints import kept_steps
+    from sweep.steps import kept_steps
     from sweep.retention import reading
     from sweep.state import initial_state  # the template the state was saved from
 

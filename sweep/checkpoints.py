@@ -26,6 +26,8 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from sweep import cpu_time, integrity, packing
 from sweep.errors import DiskFault
+from sweep.steps import kept_steps, newest_mtime, newest_step  # noqa: F401 (their home is steps.py)
+from sweep.steps import step_dirs as _step_dirs
 
 log = logging.getLogger("sweep")
 
@@ -349,25 +351,3 @@ class TrialCheckpoints:
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
-
-
-def _step_dirs(directory: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
-    try:
-        return [e for e in os.scandir(directory) if e.is_dir() and e.name.isdigit()]
-    except OSError:
-        return []
-
-
-def newest_mtime(directory: str | os.PathLike[str]) -> float | None:
-    """mtime of the newest committed step folder, without opening a manager (for status)."""
-    return max((e.stat().st_mtime for e in _step_dirs(directory)), default=None)
-
-
-def kept_steps(directory: str | os.PathLike[str]) -> list[int]:
-    """The committed steps on disk, ascending, without Orbax (for plots)."""
-    return sorted(int(e.name) for e in _step_dirs(directory))
-
-
-def newest_step(directory: str | os.PathLike[str]) -> int | None:
-    """The newest committed step (uncommitted saves are `<step>.orbax-checkpoint-tmp`), without Orbax."""
-    return max((int(e.name) for e in _step_dirs(directory)), default=None)

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import config as config_lib
 from sweep import integrity, retention
 from sweep.record import CONTINUED_FROM, EVAL_ATTR_PREFIX, LAST_STEP, checkpoint_folder, companion_name
-from sweep.checkpoints import kept_steps, newest_step
+from sweep.steps import kept_steps, newest_step
 from sweep.config import Config
 from sweep.credentials import mask_url
 from sweep.errors import StudyNotFound, UsageError

@@ -25,7 +25,7 @@ import yaml
 
 from sweep import config as config_lib
 from sweep.cadence import keys_text
-from sweep.checkpoints import newest_step
+from sweep.steps import newest_step
 from sweep.config import Config
 from sweep.errors import SweepError
 from sweep.ledger import LEDGER_ATTR

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import jax
 import numpy as np
 
 log = logging.getLogger("sweep")
@@ -25,6 +24,8 @@ SIDE_SUFFIX = ".sweep.json"  # <trial dir>.sums/<step>.sweep.json: written (and 
 
 def checksum(state: Any) -> str:
     """sha256 over every leaf's path, dtype, shape and bytes, in pytree order."""
+    import jax  # here: the rest of this module serves readers that need no JAX (status, plan)
+
     h = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         a = np.ascontiguousarray(np.asarray(leaf))

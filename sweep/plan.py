@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from sweep import enqueue, fingerprint, retention, space, trial_code
 from sweep.record import checkpoint_folder, paused_rung
 from sweep.cadence import describe
-from sweep.checkpoints import newest_step
+from sweep.steps import newest_step
 from sweep.config import Config
 from sweep.credentials import mask_url
 from sweep.samplers import sampler_notes

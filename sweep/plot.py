@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.record import BEST_STEP, RESUMED_FROM, best_of_reports, checkpoint_folder, history, reports
-from sweep.checkpoints import kept_steps
+from sweep.steps import kept_steps
 from sweep.config import Config
 from sweep.errors import SweepError
 from sweep.session import Session

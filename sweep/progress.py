@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from sweep.record import DEVICES, best_of_reports, checkpoint_folder, reports as reports_of
-from sweep.checkpoints import newest_mtime
+from sweep.steps import newest_mtime
 from sweep.session import FINISHED, Session
 
 log = logging.getLogger("sweep")

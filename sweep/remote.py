@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sweep import integrity
-from sweep.checkpoints import kept_steps
+from sweep.steps import kept_steps
 from sweep.words import numbered
 
 log = logging.getLogger("sweep")

@@ -271,7 +271,7 @@ def _trial_bytes(folder: Path) -> int:
 
 def _steps_of(folder: Path, keep: set[int]) -> tuple[list[int], int]:
     """The committed steps of `folder` other than `keep`, and their bytes with their checksums."""
-    from sweep.checkpoints import kept_steps
+    from sweep.steps import kept_steps
 
     steps = [s for s in kept_steps(folder) if s not in keep]
     total = 0
@@ -287,7 +287,7 @@ def planned(session: Any) -> list[Removal]:
 
     A removal the run makes later (a trial that finishes pushes another out of the budget) is
     not listed: it depends on results not there yet."""
-    from sweep.checkpoints import kept_steps
+    from sweep.steps import kept_steps
 
     c = session.config.study.checkpoint
     if c.keep_trials is None and c.max_disk is None:
@@ -367,7 +367,7 @@ def _reconcile_bucket(session: Any, budget: _Budget) -> None:
 def make_room(session: Any, number: int, step: int, needed: int, folder: Path) -> None:
     """Before trial `number` writes step `step` (~`needed` bytes): evict what the budget's order
     allows; raise DiskFault (exit 1, the trial resumable) if the study would still exceed max_disk."""
-    from sweep.checkpoints import newest_step
+    from sweep.steps import newest_step
 
     cap = session.config.study.checkpoint.max_disk
     if cap is None:

@@ -17,7 +17,7 @@ from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES, LAST_STEP,
                           METRICS, add_compiles, add_resume, eval_attr, metrics_at, reports)
-from sweep.checkpoints import newest_step
+from sweep.steps import newest_step
 from sweep.compiled import forget_taken_grid_points
 from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver

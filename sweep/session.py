@@ -12,19 +12,21 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep import fingerprint
-from sweep.checkpoints import TrialCheckpoints, WriteBudget
 from sweep.claims import Claims
 from sweep.config import Config
 from sweep.errors import StudyNotFound
 from sweep import storage as storage_lib
 from sweep.record import BEST_STEP, BEST_VALUE, EVAL_ATTR_PREFIX, LAST_STEP, WARM_START, is_warm_start, paused_rung
 from sweep.storage import has_claims, initialised, load_study, open_storage, workdir_lock
+
+if TYPE_CHECKING:  # JAX and Orbax load only where a trial's checkpoints are opened (status, plan need neither)
+    from sweep.checkpoints import TrialCheckpoints, WriteBudget
 
 REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # never run again
@@ -38,7 +40,7 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.write_budget = WriteBudget()  # shared by this process's trials of the study
+        self.write_budget: WriteBudget | None = None  # shared by this process's trials of the study
         # trial number -> current step of the trials training in this process (the progress
         # view's per-step resolution; reports come only every eval_every steps).
         self.steps: dict[int, int] = {}
@@ -309,7 +311,11 @@ class Session:
         called before each write (it raises if this worker no longer holds the trial); `on_commit`
         with each step once it is durable (on the checkpoint writer's thread)."""
         from sweep import retention
+        from sweep.checkpoints import WriteBudget
         from sweep.state import trial_checkpoints
+
+        if self.write_budget is None:
+            self.write_budget = WriteBudget()
 
         def room(step: int, needed: int) -> None:
             retention.make_room(self, number, step, needed, directory)

@@ -13,7 +13,7 @@ from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, 
                           PAUSED_AT, best_of_reports, checkpoint_folder, companions, metrics_at, paused_rung, reports,
                           train_loss_at)
 from sweep.cadence import effective_interval
-from sweep.checkpoints import newest_mtime, newest_step
+from sweep.steps import newest_mtime, newest_step
 from sweep.config import sign
 from sweep.constraints import feasible
 from sweep.credentials import mask_url

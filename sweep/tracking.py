@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from optuna.trial import FrozenTrial
 
-from sweep.checkpoints import kept_steps
+from sweep.steps import kept_steps
 from sweep.config import Config
 from sweep.credentials import mask_url
 from sweep.record import TRAIN_LOSS, history

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 SWEEP = Path(__file__).resolve().parents[1] / "sweep"
 
 
@@ -178,3 +180,18 @@ def test_test_files_hold_no_trial_of_their_own_only_tests_trials_does():
              if other.split(":")[0] != where.split(":")[0]
              and (ratio := difflib.SequenceMatcher(None, lines, theirs).ratio()) >= 0.7]
     assert not alike, f"copies of a trial (use tests/trials/ and files.write_trial): {alike}"
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_readers_of_a_study_import_neither_jax_nor_orbax():
+    """Listing a trial's steps needs no JAX (sweep/steps.py): the modules that read a study
+    (status, plan, the live view, the bucket's tier, the disk budget, export) import neither JAX
+    nor Orbax until a checkpoint is opened (issue 30: checkpoints.py's step listing imported both)."""
+    import subprocess
+    import sys
+
+    readers = ["status", "plan", "progress", "remote", "retention", "export", "continuation", "steps"]
+    code = ("import sys; " + "; ".join(f"import sweep.{m}" for m in readers)
+            + "; print(sorted(m for m in ('jax', 'orbax', 'orbax.checkpoint') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SWEEP.parent, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
