@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from sweep import config as config_lib
 from sweep.config import Config
@@ -16,6 +16,7 @@ from sweep.session import Session
 
 if TYPE_CHECKING:
     from sweep.best import LoadedTrial
+    from sweep.results import ExportIndex, StudyStatus
     from sweep.drill import DrillReport
     from sweep.plan import Plan
 
@@ -50,7 +51,7 @@ class StudySession:
 
     def run(self, n_jobs: int | str | None = None, *, quiet: bool = False, verbose: bool = False,
             progress: bool = True, log_every: float = 30.0, _exit_on_signal: bool = False,
-            _status: bool = True) -> dict[str, Any]:
+            _status: bool = True) -> StudyStatus:
         """Start the study, or resume it after any interruption, until `n_trials` are finished.
 
         Args:
@@ -82,7 +83,7 @@ class StudySession:
         with slots.assigned(worker_slots[0] if worker_slots else None):
             self._run(n, worker_slots, quiet, verbose, progress, log_every, _exit_on_signal)
         # The CLI prints the summary instead: it skips reading every trial again (a big study).
-        return self.status() if _status else {}
+        return self.status() if _status else cast("StudyStatus", {})  # the CLI prints its summary instead
 
     def _run(self, n_jobs: int, worker_slots: list[Any] | None, quiet: bool, verbose: bool, progress: bool,
              log_every: float, _exit_on_signal: bool) -> None:
@@ -166,14 +167,14 @@ class StudySession:
 
         return summary.text(self._session.open(create=False))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StudyStatus:
         """The `status --json` object (every field: docs/reference.md). Reads only."""
         from sweep import status
 
         return status.collect(self._session)
 
     def export(self, out: str | os.PathLike[str], trial: int | None = None,
-               include_pruned: bool = False) -> dict[str, Any]:
+               include_pruned: bool = False) -> ExportIndex:
         """Write every COMPLETE trial's best checkpoint (or only `trial`'s) to `out`; returns index.json."""
         from sweep.export import export
 

@@ -20,6 +20,7 @@ from sweep.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, train
 from sweep.constraints import feasible
 from sweep.errors import CheckpointsRemoved, SweepError
 from sweep.export_format import flatten
+from sweep.results import ExportIndex
 from sweep.session import Session
 
 log = logging.getLogger("sweep")
@@ -84,7 +85,7 @@ def _json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
-def export(session: Session, out: Path, trial: int | None = None, include_pruned: bool = False) -> dict[str, Any]:
+def export(session: Session, out: Path, trial: int | None = None, include_pruned: bool = False) -> ExportIndex:
     """Write the export of the study's finished trials (or only `trial`) into `out`; returns the index.
 
     Trials whose checkpoints the study's disk budget removed are left out (index.json's `removed`

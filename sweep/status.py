@@ -18,10 +18,11 @@ from sweep.config import sign
 from sweep.constraints import feasible
 from sweep.credentials import mask_url
 from sweep.ledger import RESUMES_ATTR, study_total, summary_line
+from sweep.results import StudyStatus, TrialStatus
 from sweep.session import Session
 
 
-def collect(session: Session) -> dict[str, Any]:
+def collect(session: Session) -> StudyStatus:
     """The `status --json` object (every field: docs/reference.md). Reads only; creates nothing."""
     config = session.open(create=False).config
     # Narrow: of the `eval:<step>` rows only the one at each trial's best step, the one shown.
@@ -71,7 +72,7 @@ def _state(t: FrozenTrial, live: set[int]) -> str:
 
 
 def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric: str,
-           removed: str | None) -> dict[str, Any]:
+           removed: str | None) -> TrialStatus:
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
     best_step, best_value = best_of_reports(reports(t, t_metric), direction) or (None, None)

@@ -74,6 +74,15 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, m
     assert sorted(marked) == front and len(index["trials"]) == 6
     assert [e["pareto"] for e in index["trials"]] == [True] * len(front) + [False] * (6 - len(front))  # front first
     assert (tmp_path / "out" / f"trial_{front[0]:04d}" / "params.safetensors").exists()
+    from sweep.results import ExportEntry, ExportIndex, StudyStatus, TrialStatus
+    from test_release_json import _conforms
+
+    _conforms(status, StudyStatus, "status.json")  # the types name the keys of several objectives too
+    _conforms(index, ExportIndex, "index.json")
+    for entry in status["trials"]:
+        _conforms(entry, TrialStatus, "status.json trial")
+    for entry in index["trials"]:
+        _conforms(entry, ExportEntry, "index.json trial")
 
     # plot: Optuna's Pareto-front figure; each trial's curve is its first objective's evaluations.
     monkeypatch.chdir(tmp_path)

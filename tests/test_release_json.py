@@ -121,3 +121,21 @@ def test_status_and_export_json_keep_every_field_of_the_previous_release(tmp_pat
             assert path in new, f"{name}: {path} (the previous release wrote it) is gone"
             if exact or not isinstance(value, float):
                 assert new[path] == value, f"{name}: {path} was {value!r}, is {new[path]!r}"
+    # The API's types (sweep/results.py) name exactly the keys written: none missing, none extra.
+    from sweep.results import ExportEntry, ExportIndex, StudyStatus, TrialStatus
+
+    _conforms(now["status.json"], StudyStatus, "status.json")
+    for entry in now["status.json"]["trials"]:
+        _conforms(entry, TrialStatus, "status.json trial")
+    _conforms(now["index.json"], ExportIndex, "index.json")
+    for name, doc in now.items():
+        if name.endswith("_meta.json"):
+            _conforms(doc, ExportEntry, name)
+    for entry in now["index.json"]["trials"]:
+        _conforms(entry, ExportEntry, "index.json trial")
+
+
+def _conforms(doc: dict[str, Any], typed: Any, name: str) -> None:
+    """Every key of `doc` is a key of the TypedDict `typed`, and every required key of it is in `doc`."""
+    assert set(doc) <= set(typed.__annotations__), f"{name}: not in {typed.__name__}: {set(doc) - set(typed.__annotations__)}"
+    assert typed.__required_keys__ <= set(doc), f"{name}: {typed.__name__} requires {typed.__required_keys__ - set(doc)}"
