@@ -8,7 +8,7 @@ Both sides compute bit-identical trials (checked). Two comparisons:
 - `--compare nothing` (issue 2, target <= 1.05): "on" is the study file's own settings; "off" swaps
   the trial's checkpoint folder for one whose saves and restores do nothing.
 
-    python benchmarks/checkpoint_overhead.py [--compare periodic] [--rounds 2] [--n-trials N]
+    python benchmarks/checkpoint_overhead.py [--compare periodic] [--rounds 2] [--n-trials N] [--hidden H]
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
     config.storage = f"sqlite:///{config.workdir / 'study.db'}"
     if args.n_trials:
         config.study = config.study.model_copy(update={"n_trials": args.n_trials})
+    if args.hidden:  # the state's size: params and Adam's moments grow with hidden squared
+        config.study = config.study.model_copy(update={"fixed": {**config.study.fixed, "hidden": args.hidden}})
     if args.compare == "periodic":
         every = {"every_steps": None if args.every_seconds else args.every_steps, "every_seconds": args.every_seconds,
                  "max_write_share": args.max_write_share} if side == "on" else {"every_steps": None, "every_seconds": 1e9}
@@ -91,6 +93,7 @@ def main() -> None:
     ap.add_argument("--study", default="studies/digits_mlp.yaml")
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs the study twice per side)")
     ap.add_argument("--n-trials", type=int, default=None)
+    ap.add_argument("--hidden", type=int, default=None, help="override the study's fixed hidden width")
     ap.add_argument("--compare", choices=("periodic", "nothing"), default="periodic")
     ap.add_argument("--every-steps", type=int, default=100, help="the periodic cadence of --compare periodic")
     ap.add_argument("--every-seconds", type=float, default=None, help="a cadence in seconds instead of --every-steps")
@@ -123,7 +126,8 @@ def main() -> None:
                 else f"on: every_steps={c.checkpoint.every_steps} every_seconds={c.checkpoint.every_seconds}, "
                      "off: no checkpoint code at all")
     print(f"study {args.study}: n_trials={args.n_trials or c.n_trials} steps={c.train.steps} "
-          f"keep_last={c.checkpoint.keep_last} keep_best={c.checkpoint.keep_best}; {settings}")
+          f"keep_last={c.checkpoint.keep_last} keep_best={c.checkpoint.keep_best} hidden={args.hidden or c.fixed.get('hidden')}; "
+          f"{settings}")
     on, off = sum(times["on"]), sum(times["off"])
     print(f"total on {on:.2f} s, off {off:.2f} s")
     print(f"ratio on/off: {on / off:.3f}  (target <= {1.03 if args.compare == 'periodic' else 1.05})")
