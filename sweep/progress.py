@@ -16,7 +16,9 @@ import threading
 import time
 from typing import Any
 
-from sweep.record import DEVICES, best_of_reports, checkpoint_folder, reports as reports_of
+from optuna.trial import TrialState
+
+from sweep.record import DEVICES, PAUSED_AT, best_of_reports, checkpoint_folder, reports as reports_of
 from sweep.steps import newest_mtime
 from sweep.session import FINISHED, Session
 
@@ -46,6 +48,7 @@ class StudyLine:
     n_trials: int
     best_value: float | None
     best_number: int | None
+    paused: int = 0  # trials paused at a rung (scheduler asha/hyperband), waiting for a promotion
 
 
 class Monitor:
@@ -93,10 +96,16 @@ class Monitor:
             ids, when, line = self._study_line
             if ids == running and now - when < 10:
                 return line
-        finished = sum(state in FINISHED for state in self._reader.trial_states().values())
+        states = self._reader.trial_states()
+        finished = sum(state in FINISHED for state in states.values())
+        paused = 0
+        if self.config.study.scheduler is not None and TrialState.WAITING in states.values():
+            waiting = {n for n, state in states.items() if state == TrialState.WAITING}
+            paused = sum(1 for n, attrs in self._reader.trial_attrs(PAUSED_AT).items()
+                         if n in waiting and attrs.get(PAUSED_AT))
         best = self._reader.best_trial()
         best_value, best_number = (best.values[0], best.number) if best is not None else (None, None)
-        line = StudyLine(finished, self.config.study.n_trials, best_value, best_number)
+        line = StudyLine(finished, self.config.study.n_trials, best_value, best_number, paused)
         self._study_line = (running, now, line)
         return line
 
@@ -140,7 +149,8 @@ def _duration(seconds: float | None) -> str:
 def study_text(s: StudyLine, metric: str) -> str:
     best = f"best {metric}={_fmt(s.best_value, '.6g')} (trial {s.best_number})" if s.best_number is not None \
         else "no trial complete yet"
-    return f"{s.finished}/{s.n_trials} {'trial' if s.n_trials == 1 else 'trials'} finished, {best}"
+    paused = f", {s.paused} paused at a rung" if s.paused else ""
+    return f"{s.finished}/{s.n_trials} {'trial' if s.n_trials == 1 else 'trials'} finished{paused}, {best}"
 
 
 def trial_text(t: TrialLine, metric: str) -> str:

@@ -120,6 +120,20 @@ def test_asha_kill9_then_same_command_equals_an_uninterrupted_run(uninterrupted,
     assert main(["plan", str(path)]) == 0
     plan = capsys.readouterr().out
     assert f"  paused:  trial {paused[0]['number']} at step {paused[0]['rung']}" in plan, plan
+    # The live view's study line counts them too (run's progress, as another host watching sees it).
+    from sweep import config as config_lib
+    from sweep import progress
+    from sweep.session import Session
+
+    session = Session(config_lib.load(path))
+    monitor = progress.Monitor(session)
+    try:
+        study_line, _ = monitor.poll()
+    finally:
+        monitor.close()
+        session.close()
+    assert study_line.paused == len(paused)
+    assert f"{len(paused)} paused at a rung" in progress.study_text(study_line, "val_loss")
     # Killed again, at another moment: as a trial pauses at the top rung, or just after.
     proc = Running("run", path, cwd=tmp_path, env=_cache(uninterrupted))
     proc.wait_for(r"trial \d+: paused at rung 200")
