@@ -57,3 +57,27 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     assert "study t: 3/3 trials finished (3 complete" in second.stdout
     assert snapshot(study) == reference(**{k: v for k, v in settings.items() if k != "parallel"})
     assert not Path(nodes[0]).exists() and (nodes[1] / "runs" / "t" / "checkpoints").is_dir()
+
+
+def test_the_recipes_run_the_command_this_module_tests():
+    """examples/slurm/sweep.sbatch is valid bash whose node command is `python -m sweep run STUDY
+    --n-jobs auto` (exec'd, so SLURM's SIGTERM reaches sweep); examples/k8s/job.yaml is an Indexed
+    Job whose container runs the same command, and both parse with sweep's own command line."""
+    import subprocess
+
+    from conftest import REPO
+
+    sbatch = REPO / "examples" / "slurm" / "sweep.sbatch"
+    assert subprocess.run(["bash", "-n", str(sbatch)], capture_output=True).returncode == 0
+    node = [line for line in sbatch.read_text().splitlines() if line.startswith("exec ")]
+    assert node == ['exec python -m sweep run "$STUDY" --n-jobs auto'], node
+    job = yaml.safe_load((REPO / "examples" / "k8s" / "job.yaml").read_text())
+    assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:4] == ["python", "-m", "sweep", "run"] and command[5:] == ["--n-jobs", "auto"], command
+    from sweep.__main__ import _parser as parser
+
+    for args in (["run", "study.yaml", "--n-jobs", "auto"], command[3:]):
+        parsed = parser().parse_args(args)
+        assert parsed.n_jobs == "auto"
