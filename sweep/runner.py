@@ -63,6 +63,34 @@ def _window_end(step: int, total: int, eval_every: int, every_steps: int | None,
     return min(ends)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrialEvents:
+    """What `run_trial` tells its caller as the trial runs; each one optional.
+
+    on_restore: called with the step a checkpoint was restored from, before training.
+    on_step: called with (number, step) at the start, after every training window, and with
+        (number, -1) when the trial stops running here (the progress view's source of the
+        current step and of the speed: windows timed from the end of the first one).
+    on_evaluation: called with (step, metrics) for every new evaluation: every metric the trial
+        declares, plus "train_loss" (the mean training loss since the last evaluation).
+    on_data_shapes: called at the start with the shapes and dtypes of the trial's data
+        (`state.shapes_of`; not called for data that is not a dict of arrays): loaders build their
+        restore template from them without loading the data.
+    on_devices: called at the start with the devices the trial trains on ("cpu:2", "gpu:5":
+        host-wide indices, sweep/slots.py).
+    on_compiles: called once the trial stops running here (also on a signal or an error) with
+        what this run of it compiled: {"compilations", "cache_hits", "compile_seconds"}
+        (process-wide counters: exact while the process runs one trial at a time).
+    """
+
+    on_restore: Callable[[int], None] | None = None
+    on_step: Callable[[int, int], None] | None = None
+    on_evaluation: Callable[[int, dict[str, float]], None] | None = None
+    on_compiles: Callable[[dict[str, float]], None] | None = None
+    on_data_shapes: Callable[[dict[str, Any]], None] | None = None
+    on_devices: Callable[[list[str]], None] | None = None
+
+
 def run_trial(
     config: Config,
     number: int,
@@ -71,12 +99,7 @@ def run_trial(
     reported: Mapping[int, float],
     ckpt: TrialCheckpoints,
     stop: StopSignal,
-    on_restore: Callable[[int], None] | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-    on_evaluation: Callable[[int, dict[str, float]], None] | None = None,
-    on_compiles: Callable[[dict[str, float]], None] | None = None,
-    on_data_shapes: Callable[[dict[str, Any]], None] | None = None,
-    on_devices: Callable[[list[str]], None] | None = None,
+    events: TrialEvents | None = None,
     ledger: RunLedger | None = None,
     seed_number: int | None = None,
     pause_at: int | None = None,
@@ -91,20 +114,7 @@ def run_trial(
     Args:
         reported: intermediate values already stored (from before an interruption); only new
             steps are reported again.
-        on_restore: called with the step a checkpoint was restored from, before training.
-        on_step: called with (number, step) at the start, after every training window, and with
-            (number, -1) when the trial stops running here (the progress view's source of the
-            current step and of the speed: windows timed from the end of the first one).
-        on_evaluation: called with (step, metrics) for every new evaluation: every metric the
-            trial declares, plus "train_loss" (the mean training loss since the last evaluation).
-        on_data_shapes: called at the start with the shapes and dtypes of the trial's data
-            (`state.shapes_of`; not called for data that is not a dict of arrays): loaders build
-            their restore template from them without loading the data.
-        on_devices: called at the start with the devices the trial trains on ("cpu:2", "gpu:5":
-            host-wide indices, sweep/slots.py).
-        on_compiles: called once the trial stops running here (also on a signal or an error)
-            with what this run of it compiled: {"compilations", "cache_hits", "compile_seconds"}
-            (process-wide counters: exact while the process runs one trial at a time).
+        events: what the caller hears as the trial runs (`TrialEvents`; none by default).
 
     Raises:
         Interrupted: a signal arrived; the current step was checkpointed first.
@@ -118,6 +128,9 @@ def run_trial(
     ledger = ledger or RunLedger(None)
     seed_number = number if seed_number is None else seed_number
     stop.trial_starting(number)  # until its first new step, a signal has nothing new to save
+    events = events or TrialEvents()
+    on_restore, on_step, on_evaluation = events.on_restore, events.on_step, events.on_evaluation
+    on_compiles, on_data_shapes, on_devices = events.on_compiles, events.on_data_shapes, events.on_devices
     try:
         fresh = initial_state(config, seed_number, hp)
         state, data = fresh.state, fresh.data

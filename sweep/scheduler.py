@@ -23,7 +23,7 @@ from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.outage import storage_fault
-from sweep.runner import Outcome, run_trial
+from sweep.runner import Outcome, TrialEvents, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
 from sweep.signals import StopSignal
@@ -293,9 +293,9 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             with trial_guard.guarded():  # an exit in the trial's code fails the trial, not the run
                 outcome = run_trial(config, number, config.hyperparameters(params),
                                     _Fenced(trial, fence, config.study.multi_objective),
-                                    reports(frozen, config.study.objective.metric), ckpt, stop, on_restore=on_restore,
-                                    on_step=on_step, on_evaluation=on_evaluation, on_compiles=on_compiles,
-                                    on_data_shapes=on_data_shapes, on_devices=on_devices,
+                                    reports(frozen, config.study.objective.metric), ckpt, stop,
+                                    TrialEvents(on_restore, on_step, on_evaluation, on_compiles, on_data_shapes,
+                                                on_devices),
                                     seed_number=session.seed_number(number), pause_at=asha.pause_at(config, frozen),
                                     ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
                                                      resumed=resumed))

@@ -148,7 +148,7 @@ def _train(config, number, params, directory, reported=None, steps=None, budget=
     on_step = None if steps is None else (lambda n, s: steps.__setitem__(n, s) if s >= 0 else None)
     try:
         outcome = runner.run_trial(config, number, hp, recorder, reported or {}, ckpt, stop or StopSignal(),
-                                   on_step=on_step)
+                                   runner.TrialEvents(on_step=on_step))
         ckpt.wait()
         state = ckpt.restore(outcome.last_step, initial_state(config, number, hp)[0])
     finally:
@@ -380,7 +380,7 @@ def test_write_budget_defers_periodic_saves_but_never_a_signal_save(write_study,
     ckpt = trial_checkpoints(config, 0, tmp_path / "ckpt", checkpoints.WriteBudget())
     try:
         with pytest.raises(Interrupted):
-            runner.run_trial(config, 0, hp, _Recorder(), {}, ckpt, stop, on_step=on_step)
+            runner.run_trial(config, 0, hp, _Recorder(), {}, ckpt, stop, runner.TrialEvents(on_step=on_step))
     finally:
         ckpt.close()
     stopped_at = steps[0]
