@@ -3,11 +3,11 @@
 #   1. a digits study with n_jobs G (one trial per GPU): trials that ran at the same time were on
 #      distinct GPUs (their `devices` in status --json, and nvidia-smi's compute processes);
 #   2. trials/hour of that run against n_jobs 1 on the same trials;
-#   3. packing small trials: trials/hour with parallel.trials_per_device M = 2 and 4 (n_jobs M x G,
-#      each worker limited to ~0.9/M of its GPU's memory) against M = 1 (run 1);
+#   3. packing small trials: trials/hour of 4G trials with parallel.trials_per_device M = 1, 2, 4 (n_jobs M x G,
+#      each worker limited to ~0.9/M of its GPU's memory);
 #   4. save blocking of a ~100 MB state on the GPU: sweep's host copy at a save (device -> private
 #      numpy, what a save blocks the training thread on) against a plain host copy of 100 MB.
-# Four runs of `sweep run` (110 s at most each) and a copy benchmark: under 8 minutes.
+# Five runs of `sweep run` (80 s at most each) and a copy benchmark: under 8 minutes.
 # UNVERIFIED: written without a GPU (bash -n checked only). Run from the repository root:
 #   bash benchmarks/gpu_check.sh            # PYTHON=.venv/bin/python to pick the interpreter
 set -euo pipefail
@@ -20,12 +20,13 @@ trap 'kill "${SMI_PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 G=$(XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -c "import jax; print(len(jax.devices('gpu')))")
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "host: $G x $GPU_NAME"
-N_TRIALS=$((4 * G))  # enough for every worker of M = 4 to train one
+N_TRIALS=$((2 * G))  # n_jobs 1 and n_jobs G: the same trials
+N_PACK=$((4 * G))  # packing: enough for every worker of M = 4 to train one
 
 # One shape (only the learning rate is sampled): each worker process compiles once, and a worker
 # sees its GPU as its device 0, so the workers share the study's compilation cache.
-study() {  # study NAME N_JOBS [M] -> a study file: the digits trial, random sampler, the same trials
-  "$PY" - "$WORK/$1.yaml" "$WORK/$1" "$1" "$2" "$N_TRIALS" "${3:-1}" <<'EOF'
+study() {  # study NAME N_JOBS [M [N]] -> a study file: the digits trial, random sampler, the same trials
+  "$PY" - "$WORK/$1.yaml" "$WORK/$1" "$1" "$2" "${4:-$N_TRIALS}" "${3:-1}" <<'EOF'
 import sys, yaml
 path, workdir, name, n_jobs, n_trials, per_device = sys.argv[1:]
 raw = yaml.safe_load(open("studies/digits_mlp.yaml"))
@@ -42,7 +43,7 @@ EOF
 timed_run() {  # timed_run STUDY_FILE -> seconds of `sweep run`
   local t0 t1
   t0=$(date +%s.%N)
-  timeout 110 "$PY" -m sweep run "$1" --quiet > "$1.out" 2> "$1.err" || { cat "$1.err" >&2; exit 1; }
+  timeout 80 "$PY" -m sweep run "$1" --quiet > "$1.out" 2> "$1.err" || { cat "$1.err" >&2; exit 1; }
   t1=$(date +%s.%N)
   "$PY" -c "print(f'{$t1 - $t0:.1f}')"
 }
@@ -55,10 +56,11 @@ SMI_PID=$!
 T_MANY=$(timed_run "$WORK/many.yaml")
 kill "$SMI_PID" 2>/dev/null || true
 T_ONE=$(timed_run "$WORK/one.yaml")
-study pack2 $((2 * G)) 2; study pack4 $((4 * G)) 4
+study pack1 "$G" 1 "$N_PACK"; study pack2 $((2 * G)) 2 "$N_PACK"; study pack4 $((4 * G)) 4 "$N_PACK"
+T_PACK1=$(timed_run "$WORK/pack1.yaml")
 T_PACK2=$(timed_run "$WORK/pack2.yaml")
 T_PACK4=$(timed_run "$WORK/pack4.yaml")
-"$PY" -c "n = $N_TRIALS; print('packing, trials/hour: ' + ', '.join(f'M = {m}: {n / t * 3600:.0f} ({t:.1f} s)' for m, t in ((1, $T_MANY), (2, $T_PACK2), (4, $T_PACK4))))"
+"$PY" -c "n = $N_PACK; print(f'packing, {n} trials, trials/hour: ' + ', '.join(f'M = {m}: {n / t * 3600:.0f} ({t:.1f} s)' for m, t in ((1, $T_PACK1), (2, $T_PACK2), (4, $T_PACK4))))"
 "$PY" -m sweep status "$WORK/many.yaml" --json > "$WORK/status.json"
 
 "$PY" - "$WORK/status.json" "$WORK/smi.txt" "$G" "$N_TRIALS" "$T_MANY" "$T_ONE" "$WORK/many.yaml" <<'EOF'

@@ -78,9 +78,11 @@ def main() -> None:
             blocking.append(t1 - t0)
             return time.perf_counter() - t0
 
+        files = iter(range(10**6))
+
         def hand(r: int) -> float:
             t0 = time.perf_counter()
-            path = hand_dir / f"{r}.bin"
+            path = hand_dir / f"{next(files)}.bin"  # a new file each time, as each save is a new step
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.write(fd, blob)
@@ -106,6 +108,7 @@ def main() -> None:
         timed_phase("Orbax wait_until_finished", manager, "wait_until_finished")
         timed_phase("stale checksum cleanup", ckpt, "_drop_stale_checksums")
         times = harness.alternate({"save": save, "hand": hand}, args.rounds)
+        phases = {name: statistics.median(values) for name, values in PHASES.items()}  # before any profiling
         if args.profile:
             import cProfile
             import pstats
@@ -127,8 +130,7 @@ def main() -> None:
           "(target <= 2 ms)")
     total = statistics.median(times["save"])
     print("where a save's time goes (median per save):")
-    for name, values in PHASES.items():
-        med = statistics.median(values)
+    for name, med in phases.items():
         print(f"  {name:40s} {med * 1e3:7.2f} ms  {med / total:6.1%}")
     if args.profile:
         print("Orbax's CheckpointManager.save under cProfile, 10 saves (cumulative per save, its own wall "

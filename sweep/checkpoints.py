@@ -101,8 +101,8 @@ def host_copy(state: Any) -> Any:
 class WriteBudget:
     """What the newest checkpoint write cost and when it ended, for every trial of a session.
 
-    A write costs the longer of its wall time and the CPU time it took beside training
-    (sweep/cpu_time.py: the writer's hashing, copies and Orbax's threads compete with training for
+    A write costs the longer of its wall time and the CPU time its threads took (sweep/cpu_time.py:
+    the writer's hashing and copies, tensorstore's pool, Orbax's threads compete with training for
     the cores). The share of time spent writing (see `TrialCheckpoints.busy`) is the process's,
     not a trial's: trials one after the other share one budget.
     """
@@ -169,7 +169,6 @@ class TrialCheckpoints:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
         self._pending: Future[None] | None = None
         self._writing: int | None = None  # the step the writer is on
-        self._trainer: int | None = None  # the native id of the thread that hands saves over (it trains)
         self.written_seconds = 0.0  # the writer thread's time on this folder's saves (the goodput ledger)
         self.last_saved: int | None = self._manager.latest_step()
 
@@ -269,11 +268,10 @@ class TrialCheckpoints:
                 todo.append((step, state, metrics))
                 self.last_saved = step
         if todo:
-            self._trainer = threading.get_native_id()  # the calling thread trains: its CPU is not the write's
             self._pending = self._executor.submit(self._write, todo)
 
     def _write(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
-        start, cpu = time.monotonic(), cpu_time.Meter(self._trainer)
+        start, cpu = time.monotonic(), cpu_time.Meter(threading.get_native_id())  # on the writer thread
         try:
             self._write_items(items)
         except Exception as exc:

@@ -1,12 +1,15 @@
-"""The CPU a checkpoint write takes from training, on Linux: what the write budget charges
-(sweep/cadence.py) besides the write's wall time.
+"""The CPU a checkpoint write takes, on Linux: what the write budget charges (sweep/cadence.py)
+besides the write's wall time.
 
-A save runs on the writer thread, Orbax's short-lived asyncio threads and tensorstore's pool; the
-training runs on the thread that trains and XLA's CPU compute pools ("tf_XLA..." threads). Over a
-write, the process's CPU time minus the training threads' is the write's. No library reports CPU
-time by group of threads (psutil gives per-thread user/system times at the clock tick's 10 ms);
-/proc's schedstat gives each thread's time on a CPU in nanoseconds, so it is read here. Where
-there is no /proc (macOS), the meter reads nothing and the budget charges wall time alone.
+A save runs on the writer thread, on tensorstore's pool ("ts_pool_worker" threads: Orbax's array
+I/O) and on short-lived threads Orbax starts and joins for each save (its asyncio loops). Over a
+write: the writer's own thread and tensorstore's pool are measured by their per-thread CPU clocks,
+and the CPU of threads that ended meanwhile (the process's CPU that no living thread accounts for)
+is the write's too. Everything else (the training thread, XLA's pools, sweep's data prefetch,
+uploads, tracking) is not charged. No library reports CPU time by group of threads, so it is read
+here: Linux's per-thread CPU clock (clock_gettime of a thread's clock id, exact, no file to read)
+and /proc for the threads' names. Where either is missing (macOS), the meter reads nothing and
+the budget charges wall time alone.
 """
 
 from __future__ import annotations
@@ -15,48 +18,59 @@ import os
 import time
 
 _TASKS = "/proc/self/task"
-XLA_POOL = "tf_XLA"  # the prefix of XLA's CPU compute threads (its Eigen pools)
+WRITER_POOLS = ("ts_pool_worker",)  # tensorstore's I/O threads (Orbax writes arrays through it)
+_NAMES: dict[int, str] = {}  # tid -> its name, read once
 
 
-def _on_cpu_ns(tid: str) -> int:
-    with open(f"{_TASKS}/{tid}/schedstat") as f:
-        return int(f.read().split()[0])
+def _thread_cpu(tid: int) -> float:
+    """A thread's CPU seconds: Linux encodes a thread's CPU clock as ((~tid) << 3) | 6."""
+    return time.clock_gettime((~tid << 3) | 6)
 
 
-def training_seconds(trainer: int | None) -> float | None:
-    """CPU seconds of the thread `trainer` (a native id) and of XLA's compute threads so far;
-    None where /proc does not tell."""
+def _name(tid: int) -> str:
+    if tid not in _NAMES:
+        try:
+            with open(f"{_TASKS}/{tid}/comm") as f:
+                _NAMES[tid] = f.read().strip()
+        except OSError:
+            return ""
+    return _NAMES[tid]
+
+
+def threads_cpu() -> dict[int, float] | None:
+    """tid -> CPU seconds of every thread of this process; None where Linux does not tell."""
     try:
-        tids = os.listdir(_TASKS)
-    except OSError:
+        tids = [int(t) for t in os.listdir(_TASKS)]
+    except (OSError, ValueError):
         return None
-    total = 0
+    out = {}
     for tid in tids:
         try:
-            if int(tid) == trainer:
-                total += _on_cpu_ns(tid)
-            else:
-                with open(f"{_TASKS}/{tid}/comm") as f:
-                    if f.read().startswith(XLA_POOL):
-                        total += _on_cpu_ns(tid)
-        except (OSError, ValueError, IndexError):  # the thread ended meanwhile, or no schedstat
+            out[tid] = _thread_cpu(tid)
+        except OSError:  # ended meanwhile (or no per-thread clocks here)
             continue
-    return total / 1e9
+    return out or None
 
 
 class Meter:
-    """Started before a write; `writer_seconds()` after it: the CPU seconds that were not training's."""
+    """Started on the writer thread before a write; `writer_seconds()` after it: the CPU seconds
+    of the write (its thread, tensorstore's pool, the threads that ended meanwhile)."""
 
-    def __init__(self, trainer: int | None) -> None:
-        self.trainer = trainer
+    def __init__(self, writer: int) -> None:
+        self.writer = writer  # the native id of the thread that writes
         self._start = self._read()
 
-    def _read(self) -> tuple[float, float] | None:
-        training = training_seconds(self.trainer)
-        return None if training is None else (time.process_time(), training)
+    @staticmethod
+    def _read() -> tuple[float, dict[int, float]] | None:
+        threads = threads_cpu()
+        return None if threads is None else (time.process_time(), threads)
 
     def writer_seconds(self) -> float:
         end = self._read()
         if end is None or self._start is None:
             return 0.0
-        return max(0.0, (end[0] - self._start[0]) - (end[1] - self._start[1]))
+        (p0, before), (p1, after) = self._start, end
+        spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}  # a new thread: all of it
+        ended = (p1 - p0) - sum(spent.values())  # threads that ended meanwhile (Orbax's loops)
+        mine = sum(cpu for tid, cpu in spent.items() if tid == self.writer or _name(tid).startswith(WRITER_POOLS))
+        return max(0.0, mine + max(0.0, ended))

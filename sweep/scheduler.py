@@ -361,8 +361,8 @@ def _after_finish(session: Session) -> None:
     try:
         retention.enforce(session)  # a finished trial may push another out of the study's budget
     except Exception as exc:  # noqa: BLE001 - a removal that failed (a lock, a permission, NFS)
-        log.warning("the study's disk budget could not be applied now (%s: %s); tried again after the next trial",
-                    type(exc).__name__, exc)
+        log.warning("the study's disk budget could not be applied now (%s: %s); tried again after the next trial "
+                    "or at the next run", type(exc).__name__, exc)
     points = grid_points(session.config)
     if points:  # a grid study: the compiled programs of hyperparameters no remaining point has go
         forget_taken_grid_points(session.config.trial_module, points, [t.params for t in session.trials()])

@@ -160,18 +160,25 @@ class _Lane:
 
 
 def _batched(items: list[Any]) -> list[Any]:
-    """Consecutive evaluations of one trial as one ("evaluations", number, (number, [(step,
-    metrics), ...])) event; everything else as it came, in order."""
+    """The evaluations of one trial as one ("evaluations", number, (number, [(step, metrics), ...]))
+    event, in step order: across its checkpoint notes too (each names its step, so a note may come
+    after evaluations of later steps), up to its next start or end; everything else in order."""
     out: list[Any] = []
+    open_batch: dict[int, list[tuple[int, dict[str, float]]]] = {}  # number -> rows of its batch in `out`
     for item in items:
-        if item is not _STOP and item[0] == "evaluation":
+        if item is _STOP:
+            open_batch.clear()
+            out.append(item)
+        elif item[0] == "evaluation":
             number, step, metrics = item[2]
-            last = out[-1] if out else None
-            if last is not None and last is not _STOP and last[0] == "evaluations" and last[1] == number:
-                last[2][1].append((step, metrics))
-                continue
-            out.append(("evaluations", number, (number, [(step, metrics)])))
+            if number in open_batch:
+                open_batch[number].append((step, metrics))
+            else:
+                open_batch[number] = [(step, metrics)]
+                out.append(("evaluations", number, (number, open_batch[number])))
         else:
+            if item[0] != "checkpoint":  # a start or an end closes the trial's batch
+                open_batch.pop(item[1], None)
             out.append(item)
     return out
 

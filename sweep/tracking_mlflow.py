@@ -58,8 +58,8 @@ class MlflowWriter:
         self._runs[trial.number] = (run_id, logged)
         self._client.set_tag(run_id, STATE_TAG, "RUNNING")
         self._client.update_run(run_id, status="RUNNING")
-        for step in sorted(trial.history):  # what the run lacks of the stored evaluations
-            self._log(trial.number, step, trial.history[step])
+        # what the run lacks of the stored evaluations, in as few requests as MLflow allows
+        self._log_rows(trial.number, sorted(trial.history.items()))
 
     def evaluation(self, number: int, step: int, metrics: dict[str, float]) -> None:
         self.evaluations(number, [(step, metrics)])
@@ -85,9 +85,6 @@ class MlflowWriter:
         if self._parent is not None:  # this process is done with the study; the next run reopens it
             self._client.set_terminated(self._parent, "FINISHED")
 
-    def _log(self, number: int, step: int, metrics: dict[str, float]) -> None:
-        self._log_rows(number, [(step, metrics)])
-
     def _log_rows(self, number: int, rows: list[tuple[int, dict[str, float]]]) -> None:
         """The metrics of `rows` ((step, metrics) pairs) that the run lacks, in as few requests as
         MLflow's limit allows."""
@@ -97,8 +94,8 @@ class MlflowWriter:
                if step not in logged.setdefault(k, set())]
         for i in range(0, len(new), _BATCH):
             self._client.log_batch(run_id, metrics=new[i:i + _BATCH])
-        for m in new:  # only once MLflow has them
-            logged[m.key].add(m.step)
+            for m in new[i:i + _BATCH]:  # only once MLflow has them (a retry sends only the rest)
+                logged[m.key].add(m.step)
 
     def _run_of(self, trial: TrialStart) -> str:
         """The trial's run: the one its record names, else one tagged with its number under the

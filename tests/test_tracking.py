@@ -365,7 +365,8 @@ def test_tracker_a_failing_writer_is_skipped_with_one_warning_until_the_trial_st
 def test_tracker_sends_the_evaluations_queued_meanwhile_in_one_call_in_order(monkeypatch):
     """A writer with `evaluations` gets the evaluations queued while it waited (PACE_S) in one
     call (one MLflow request, one TensorBoard flush: issue 32's overhead was a request per
-    evaluation), every step once, in order, with the other events where they came."""
+    evaluation), every step once, in order; a checkpoint note (it names its step) comes after the
+    batch, a start or an end where it came."""
     import threading
 
     from sweep import tracking
@@ -403,5 +404,6 @@ def test_tracker_sends_the_evaluations_queued_meanwhile_in_one_call_in_order(mon
     tracker.put("evaluation", 0, 0, 50, {"val_loss": 1.0})
     tracker.put("end", 0, 0, "COMPLETE", 50)
     assert tracker.close(30)
-    assert seen == [("start", 0), ("evaluations", 0, [10]), ("evaluations", 0, [20, 30, 40]), ("checkpoint", 0, 40),
-                    ("evaluations", 0, [50]), ("end", 0, "COMPLETE")]
+    # the checkpoint note (of step 40) does not split the batch: it comes after it
+    assert seen == [("start", 0), ("evaluations", 0, [10]), ("evaluations", 0, [20, 30, 40, 50]), ("checkpoint", 0, 40),
+                    ("end", 0, "COMPLETE")]
