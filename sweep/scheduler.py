@@ -48,20 +48,16 @@ def run(session: Session, stop: StopSignal) -> None:
     Raises:
         Interrupted: on SIGTERM/SIGINT, after the running trial was checkpointed.
     """
-    session.open(create=True)
-    session.record_fingerprint()  # refuses a changed study file (also for a caller that skipped run's checks)
-    session.use_compilation_cache()
+    tracker = Tracker.of(session.config)  # its writers are made (mlflow's import) while the run starts up
+    try:
+        code, finished_at_start = _start(session)
+    except BaseException:
+        tracker.close(0.0)
+        raise
     config, claims = session.config, session.claims
-    code = trial_code.record(config.trial_module)  # what this process imported: the code its trials train with
-    _log_start(session)
-    retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
-    finished_at_start = _finished(session)
-    if config.study.warm_start is not None:
-        with claims.ask_lock():  # before the first ask, once, whichever worker comes first
-            warm_start.apply(session)
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()
-    tracker = Tracker.of(config)
+    tracker.wait_made()
     try:
         while True:
             stop.check()
@@ -87,6 +83,21 @@ def run(session: Session, stop: StopSignal) -> None:
         claims.stop_heartbeat()
         grace = stop.grace_left() - 1.0 if stop.signum is not None else TRACKING_DRAIN_S
         tracker.close(max(0.0, min(TRACKING_DRAIN_S, grace)))
+
+
+def _start(session: Session) -> tuple[dict[str, Any], set[int]]:
+    """Open the study (refusing a changed study file), apply the disk budget and a warm start;
+    the code this process trains with, and the finished trials' numbers."""
+    session.open(create=True)
+    session.record_fingerprint()  # refuses a changed study file (also for a caller that skipped run's checks)
+    session.use_compilation_cache()
+    code = trial_code.record(session.config.trial_module)  # what this process imported: its trials' code
+    _log_start(session)
+    retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
+    if session.config.study.warm_start is not None:
+        with session.claims.ask_lock():  # before the first ask, once, whichever worker comes first
+            warm_start.apply(session)
+    return code, _finished(session)
 
 
 def _past(deadline: float | None) -> bool:

@@ -31,13 +31,14 @@ RETRY_S = 1.0  # one retry after this pause, then the writer is skipped until th
 # (`Writer.evaluations`: one MLflow request, one TensorBoard flush): a trial that evaluates every
 # few milliseconds costs a request a second, not one an evaluation (issue 32's overhead).
 PACE_S = 1.0
+START_S = 30.0  # the longest a run waits for its writers to be made before its first trial
 _STOP = object()
 _WARNED: set[str] = set()  # the writers that warned in this process: a server away is said once
 
 
 def writers(config: Config) -> list[tuple[str, Callable[[], Writer]]]:
-    """(name, maker) of the writers the study file's `logging` asks for: made on their own
-    thread, so importing their packages (mlflow: seconds) delays no trial."""
+    """(name, maker) of the writers the study file's `logging` asks for: each made on its own
+    thread (importing its package: mlflow takes seconds), which `Tracker.of` waits for."""
     found: list[tuple[str, Callable[[], Writer]]] = []
     logdir, uri = config.tensorboard_dir, config.study.logging.mlflow
     if logdir is not None:
@@ -66,7 +67,17 @@ class Tracker:
 
     @classmethod
     def of(cls, config: Config) -> Tracker:
+        """The study's tracking; its writers are being made (their packages imported: mlflow takes
+        seconds) on their threads: `wait_made` before the first trial."""
         return cls(writers(config))
+
+    def wait_made(self, timeout: float | None = None) -> None:
+        """Until every writer is made (or could not be), START_S at most: an import competing with
+        the first trial's compile slowed that trial by about as long (issue 32's benchmark); a
+        writer that cannot start is said before training."""
+        deadline = time.monotonic() + (START_S if timeout is None else timeout)
+        for lane in self._lanes:
+            lane.made.wait(max(0.0, deadline - time.monotonic()))
 
     @property
     def active(self) -> bool:
@@ -100,17 +111,19 @@ class _Lane:
         self.queue: queue.Queue[Any] = queue.Queue()
         self._skipped: set[int] = set()  # trials skipped after a failure, until they start again
         self._warned = False
+        self.made = threading.Event()  # the writer is made (or could not be)
         self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         try:
-            writer = self._make()  # its package's import (mlflow: seconds) delays no trial
+            writer = self._make()  # its package's import (mlflow: seconds), before the first trial
         except Exception as exc:  # noqa: BLE001 - a writer that cannot start leaves the others
             _WARNED.add(self.name)
             log.warning("%s: could not start (%s: %s); the study goes on without it", self.name,
                         type(exc).__name__, _short(exc))
             writer = None
+        self.made.set()
         batches = writer is not None and hasattr(writer, "evaluations")
         sent = 0.0
         while True:

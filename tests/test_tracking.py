@@ -407,3 +407,41 @@ def test_tracker_sends_the_evaluations_queued_meanwhile_in_one_call_in_order(mon
     # the checkpoint note (of step 40) does not split the batch: it comes after it
     assert seen == [("start", 0), ("evaluations", 0, [10]), ("evaluations", 0, [20, 30, 40, 50]), ("checkpoint", 0, 40),
                     ("end", 0, "COMPLETE")]
+
+
+def test_tracker_waits_for_its_writers_to_be_made_at_most_start_s(monkeypatch, write_study):
+    """A run makes its writers (mlflow's import: seconds) before its first trial, so the import
+    does not compete with that trial's compile; a writer that takes longer than START_S to make is
+    left starting in the background."""
+    import time
+
+    from sweep import config as config_lib
+    from sweep import tracking
+
+    config = config_lib.load(write_study())
+    made: list[float] = []
+
+    def slow(seconds: float):
+        def make():
+            time.sleep(seconds)
+            made.append(time.monotonic())
+
+            class Nothing:
+                def close(self): ...
+            return Nothing()
+        return make
+
+    monkeypatch.setattr(tracking, "writers", lambda config: [("slow", slow(0.5))])
+    t0 = time.monotonic()
+    tracker = tracking.Tracker.of(config)
+    tracker.wait_made()
+    assert made and made[0] <= time.monotonic() and time.monotonic() - t0 >= 0.5  # waited for it
+    assert tracker.close(10)
+    made.clear()
+    monkeypatch.setattr(tracking, "START_S", 0.2)
+    monkeypatch.setattr(tracking, "writers", lambda config: [("slower", slow(2.0))])
+    t0 = time.monotonic()
+    tracker = tracking.Tracker.of(config)
+    tracker.wait_made()
+    assert time.monotonic() - t0 < 1.5 and not made  # not waited for beyond START_S
+    assert tracker.close(10) and made
