@@ -52,12 +52,14 @@ class MlflowWriter:
 
     def start(self, trial: TrialStart) -> None:
         self._runs.pop(trial.number, None)
-        run_id = self._run_of(trial)
-        logged = {key: {m.step for m in self._client.get_metric_history(run_id, key)}
-                  for key in trial.metrics}
+        run_id, created = self._run_of(trial)
+        if created:  # a new run: RUNNING, tagged so, no metric yet (3 requests a trial, not 9)
+            logged: dict[str, set[int]] = {key: set() for key in trial.metrics}
+        else:
+            logged = {key: {m.step for m in self._client.get_metric_history(run_id, key)} for key in trial.metrics}
+            self._client.set_tag(run_id, STATE_TAG, "RUNNING")
+            self._client.update_run(run_id, status="RUNNING")
         self._runs[trial.number] = (run_id, logged)
-        self._client.set_tag(run_id, STATE_TAG, "RUNNING")
-        self._client.update_run(run_id, status="RUNNING")
         # what the run lacks of the stored evaluations, in as few requests as MLflow allows
         self._log_rows(trial.number, sorted(trial.history.items()))
 
@@ -97,12 +99,13 @@ class MlflowWriter:
             for m in new[i:i + _BATCH]:  # only once MLflow has them (a retry sends only the rest)
                 logged[m.key].add(m.step)
 
-    def _run_of(self, trial: TrialStart) -> str:
+    def _run_of(self, trial: TrialStart) -> tuple[str, bool]:
         """The trial's run: the one its record names, else one tagged with its number under the
-        study's run (created by a run a kill stopped before the record was written), else a new one."""
+        study's run (created by a run a kill stopped before the record was written), else a new
+        one (then True)."""
         stored = trial.recorded.get(MLFLOW_RUN_ID)
         if stored:
-            return str(stored)
+            return str(stored), False
         parent = self._parent_run()
         found = self._client.search_runs([self._experiment_id()], max_results=1, filter_string=(
             f"tags.`{PARENT_TAG}` = '{parent}' AND tags.`{NUMBER_TAG}` = '{trial.number}'"))
@@ -110,13 +113,13 @@ class MlflowWriter:
             run_id = found[0].info.run_id
         else:
             tags = {PARENT_TAG: parent, NAME_TAG: f"trial_{trial.number:04d}", STUDY_TAG: self.study,
-                    NUMBER_TAG: str(trial.number), ROLE_TAG: "trial"}
+                    NUMBER_TAG: str(trial.number), ROLE_TAG: "trial", STATE_TAG: "RUNNING"}
             run_id = self._client.create_run(self._experiment_id(), tags=tags).info.run_id
             params = [Param(k, str(v)[:6000]) for k, v in sorted(trial.hparams.items())]
             for i in range(0, len(params), 100):
                 self._client.log_batch(run_id, params=params[i:i + 100])
         trial.remember(MLFLOW_RUN_ID, run_id)
-        return run_id
+        return run_id, not found
 
     def _experiment_id(self) -> str:
         """The study's experiment (named after the study), created by the first worker that needs it."""
