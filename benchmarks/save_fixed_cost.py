@@ -9,7 +9,7 @@ state, its checksum file, Orbax's save and wait, sweep's fsyncs of the committed
 retention bookkeeping), and the training thread's blocking time (host copy + hand-off) is
 measured apart. Targets: save <= 10x hand, blocking <= 2 ms.
 
-    python benchmarks/save_fixed_cost.py [--rounds 30] [--hidden 32] [--profile]
+    python benchmarks/save_fixed_cost.py [--rounds 30] [--hidden 32] [--depth D] [--profile]
 
 --profile: then 10 more saves under cProfile, and the Orbax calls that take their time.
 """
@@ -53,12 +53,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--depth", type=int, default=None, help="hidden layers (--hidden 2048 --depth 3: ~100 MB)")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     harness.quiet()
     with tempfile.TemporaryDirectory() as tmp:
         config = harness.example(Path(tmp))
-        hp = config.hyperparameters({"learning_rate": 0.01, "hidden": args.hidden, "optimizer": "adam"})
+        hp = config.hyperparameters({"learning_rate": 0.01, "hidden": args.hidden, "optimizer": "adam",
+                                     **({"depth": args.depth} if args.depth else {})})
         state = initial_state(config, 0, hp)[0]
         host = host_copy(state)
         leaves = [np.asarray(x) for x in jax.tree.leaves(host)]
