@@ -263,3 +263,51 @@ class RemoteTier:
         for step in kept_steps(folder):
             if step not in remote:
                 self.upload(folder, step, fence)
+
+
+def upload_finished(session: Any) -> int:
+    """Queue the steps of this host's finished trials that the bucket lacks; how many.
+
+    A run that ended while the bucket was away (exit 1) left its last uploads local, and a
+    finished trial's checkpoint folder is never opened again to upload them (found by the chaos
+    campaign: an export from the bucket missed a kept trial's best step). Only a folder holding the
+    trial's final state uploads (its newest step is the trial's last step): a stale copy of a trial
+    another host finished never adds back steps that host's retention dropped. One listing of the
+    bucket; nothing where it is away (the next pass tries again)."""
+    from optuna.trial import TrialState
+
+    from sweep.record import LAST_STEP
+
+    remote = session.remote
+    if remote is None:
+        return 0
+    done = [n for n, s in session.trial_states().items() if s in (TrialState.COMPLETE, TrialState.PRUNED)]
+    folders = {n: session.config.checkpoint_dir(n) for n in done}
+    folders = {n: f for n, f in folders.items() if kept_steps(f)}
+    if not folders:
+        return 0
+    last = session.trial_attrs(LAST_STEP)
+    try:
+        in_bucket = remote.all_steps()
+    except Exception:  # noqa: BLE001 - the bucket is away: the next pass tries again
+        return 0
+    queued = 0
+    for number, folder in sorted(folders.items()):
+        local = kept_steps(folder)
+        if local[-1] != last.get(number, {}).get(LAST_STEP):
+            continue
+        for step in local:
+            if step not in in_bucket.get(folder.name, ()):
+                remote.upload(folder, step)
+                queued += 1
+    return queued
+
+
+def upload_within_grace(session: Any, number: int, folder: Path, seconds: float) -> None:
+    """After a signal's save: give its upload to the bucket what is left of the grace period."""
+    remote = session.remote
+    if remote is None:
+        return
+    if not remote.wait(max(0.0, seconds)):
+        log.warning("trial %d: its newest step is only local at %s: the upload to %s did not finish within the "
+                    "grace period; it is uploaded when the trial runs here again", number, folder, remote.url)

@@ -23,6 +23,7 @@ from sweep.credentials import scrub
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.outage import storage_fault
+from sweep.remote import upload_finished, upload_within_grace
 from sweep.runner import Outcome, TrialEvents, run_trial
 from sweep.samplers import grid_points, suggest_all
 from sweep.session import Session
@@ -69,20 +70,25 @@ def run(session: Session, stop: StopSignal) -> None:
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
                 break
-        if session.remote is not None and not session.remote.wait(0):
-            log.info("waiting for the uploads to %s", session.remote.url)
-            session.remote.wait()
+        _wait_uploads(session)
         # One more pass as the run ends: the ranking is final now, and only this host can remove
         # its own stale copies (a trial it was interrupted on that another host finished after
         # this host's last pass: found by the chaos campaign). After the uploads, so that none of
-        # them marks a step in the bucket after the pass pruned it. Not where no trial finished
+        # them marks a step in the bucket after the pass pruned it; not where no trial finished
         # since the start's pass (a finished study run again: the pass reads every trial).
         if _finished(session) != finished_at_start:
             _after_finish(session)
+            _wait_uploads(session)  # the final steps it found missing in the bucket
     finally:
         claims.stop_heartbeat()
         grace = stop.grace_left() - 1.0 if stop.signum is not None else TRACKING_DRAIN_S
         tracker.close(max(0.0, min(TRACKING_DRAIN_S, grace)))
+
+
+def _wait_uploads(session: Session) -> None:
+    if session.remote is not None and not session.remote.wait(0):
+        log.info("waiting for the uploads to %s", session.remote.url)
+        session.remote.wait()
 
 
 def _start(session: Session) -> tuple[dict[str, Any], set[int]]:
@@ -94,6 +100,7 @@ def _start(session: Session) -> tuple[dict[str, Any], set[int]]:
     code = trial_code.record(session.config.trial_module)  # what this process imported: its trials' code
     _log_start(session)
     retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
+    upload_finished(session)  # final steps an outage kept from the bucket
     if session.config.study.warm_start is not None:
         with session.claims.ask_lock():  # before the first ask, once, whichever worker comes first
             warm_start.apply(session)
@@ -325,7 +332,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             return outcome
         except Interrupted:
             curves.end("INTERRUPTED")
-            _upload_within_grace(session, number, ckpt_dir, stop)
+            upload_within_grace(session, number, ckpt_dir, stop.grace_left() - 1.0)
             raise
         except (DiskFault, TakenOver):  # not the trial's fault: no retry charged
             raise
@@ -371,22 +378,13 @@ def _after_finish(session: Session) -> None:
     Its faults are logged, never charged to a trial or the run (the next finish tries again)."""
     try:
         retention.enforce(session)  # a finished trial may push another out of the study's budget
+        upload_finished(session)  # a finished trial's steps an outage kept from the bucket
     except Exception as exc:  # noqa: BLE001 - a removal that failed (a lock, a permission, NFS)
         log.warning("the study's disk budget could not be applied now (%s: %s); tried again after the next trial "
                     "or at the next run", type(exc).__name__, exc)
     points = grid_points(session.config)
     if points:  # a grid study: the compiled programs of hyperparameters no remaining point has go
         forget_taken_grid_points(session.config.trial_module, points, [t.params for t in session.trials()])
-
-
-def _upload_within_grace(session: Session, number: int, folder: Path, stop: StopSignal) -> None:
-    """After a signal's save: give its upload to the remote tier what is left of the grace period."""
-    remote = session.remote
-    if remote is None:
-        return
-    if not remote.wait(max(0.0, stop.grace_left() - 1.0)):
-        log.warning("trial %d: its newest step is only local at %s: the upload to %s did not finish within the "
-                    "grace period; it is uploaded when the trial runs here again", number, folder, remote.url)
 
 
 def _log_start(session: Session) -> None:

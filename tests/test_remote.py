@@ -132,8 +132,11 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
     from conftest import snapshot as cli_snapshot
 
     # Random sampling: host b asks trial 2 while trial 1 is still host a's (until the lease grace).
-    settings = dict(n_trials=3, pruner={"type": "none"}, sampler={"type": "random", "seed": 3}, train={"steps": 6000, "eval_every": 100},
-                    parallel={"lease_grace_seconds": 3}, checkpoint={"every_steps": 1000})
+    # 30,000 steps a trial (a few seconds): trial 1 still trains when its first step reaches the
+    # bucket, also where the uploads (at a low priority) lag behind on a loaded machine.
+    settings = dict(n_trials=3, pruner={"type": "none"}, sampler={"type": "random", "seed": 3},
+                    train={"steps": 30000, "eval_every": 500},
+                    parallel={"lease_grace_seconds": 3}, checkpoint={"every_steps": 5000})
     shared = tmp_path / "shared"
     shared.mkdir()
 
@@ -180,7 +183,7 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
         name = f"trial_{n:04d}/params.safetensors"
         assert (out / name).read_bytes() == (ref_out / name).read_bytes()
     shown = json.loads(run_cli("status", b, "--json", cwd=b.parent).stdout)
-    assert [t["remote_step"] for t in shown["trials"]] == [6000, 6000, 6000]
+    assert [t["remote_step"] for t in shown["trials"]] == [30000, 30000, 30000]
     # plot from the third folder marks the checkpoints the bucket keeps
     from sweep import config as config_lib
     from sweep.plot import markers
@@ -193,7 +196,7 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
         marks = markers(session.config, session.trial(1), remote[1])
     finally:
         session.close()
-    assert marks["checkpoint"] == remote[1] and 6000 in marks["checkpoint"]
+    assert marks["checkpoint"] == remote[1] and 30000 in marks["checkpoint"]
 
 
 def test_a_removed_trial_left_in_the_bucket_is_pruned_by_the_next_pass(here, bucket_prefix):
@@ -322,3 +325,43 @@ def test_a_host_removing_only_the_bucket_s_copy_records_the_removal(tmp_path, mo
     assert [t["number"] for t in index["trials"]] == [1] and list(index["removed"]) == ["0"]
     apply_budget(host("a", 1))
     assert not checkpoint_dir(host("a", 1), 0).exists() and saved_steps(checkpoint_dir(host("a", 1), 1))
+
+
+def test_a_finished_trial_s_steps_an_outage_kept_from_the_bucket_are_uploaded_by_the_next_run(tmp_path, monkeypatch,
+                                                                                              bucket_prefix):
+    """Found by the chaos campaign: a run that exited while the bucket was away left a finished
+    trial's last uploads local, and nothing uploaded them later (an export from the bucket missed
+    the trial's best step). The next run's start queues them; a stale copy (its newest step short
+    of the trial's last) uploads nothing."""
+    from sweep import remote as remote_lib
+    from sweep.session import Session
+    from test_scheduler import write_trial
+
+    write_trial(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def host(name: str) -> dict:
+        return make_study(tmp_path / name, n_trials=2, storage=storage,
+                          checkpoint={"every_steps": 20, "keep_last": 2, "remote": bucket_prefix})
+
+    a = host("a")
+    run(a)
+    tier = tier_of(bucket_prefix, storage, "sched")
+    kept = saved_steps(checkpoint_dir(a, 1))
+    assert tier.steps("trial_0001") == kept
+    tier.prune(checkpoint_dir(a, 1), everything=True)  # as if its uploads never got through
+    assert tier.steps("trial_0001") == []
+
+    stale = checkpoint_dir(host("b"), 1)  # host b: a copy of trial 1 short of its last step
+    shutil.copytree(checkpoint_dir(a, 1), stale)
+    shutil.rmtree(stale / str(kept[-1]))
+    session = Session(config_lib.from_dict(host("b"))).open(create=False)
+    try:
+        assert remote_lib.upload_finished(session) == 0
+    finally:
+        session.close()
+    assert tier.steps("trial_0001") == []
+
+    run(a)  # the finished study again: its start queues the missing steps, its end waits for them
+    assert tier.steps("trial_0001") == kept
