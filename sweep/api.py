@@ -83,7 +83,7 @@ class StudySession:
         with slots.assigned(worker_slots[0] if worker_slots else None):
             self._run(n, worker_slots, quiet, verbose, progress, log_every, _exit_on_signal)
         # The CLI prints the summary instead: it skips reading every trial again (a big study).
-        return self.status() if _status else cast("StudyStatus", {})  # the CLI prints its summary instead
+        return self.status() if _status else cast("StudyStatus", {})
 
     def _run(self, n_jobs: int, worker_slots: list[Any] | None, quiet: bool, verbose: bool, progress: bool,
              log_every: float, _exit_on_signal: bool) -> None:

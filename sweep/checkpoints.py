@@ -26,7 +26,6 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from sweep import cpu_time, integrity, packing
 from sweep.errors import DiskFault
-from sweep.steps import kept_steps, newest_mtime, newest_step  # noqa: F401 (their home is steps.py)
 from sweep.steps import step_dirs as _step_dirs
 
 log = logging.getLogger("sweep")

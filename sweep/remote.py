@@ -283,8 +283,8 @@ def upload_finished(session: Any) -> int:
         return 0
     done = [n for n, s in session.trial_states().items() if s in (TrialState.COMPLETE, TrialState.PRUNED)]
     folders = {n: session.config.checkpoint_dir(n) for n in done}
-    folders = {n: f for n, f in folders.items() if kept_steps(f)}
-    if not folders:
+    local = {n: steps for n, folder in folders.items() if (steps := kept_steps(folder))}  # listed once
+    if not local:
         return 0
     last = session.trial_attrs(LAST_STEP)
     try:
@@ -292,13 +292,12 @@ def upload_finished(session: Any) -> int:
     except Exception:  # noqa: BLE001 - the bucket is away: the next pass tries again
         return 0
     queued = 0
-    for number, folder in sorted(folders.items()):
-        local = kept_steps(folder)
-        if local[-1] != last.get(number, {}).get(LAST_STEP):
+    for number, steps in sorted(local.items()):
+        if steps[-1] != last.get(number, {}).get(LAST_STEP):
             continue
-        for step in local:
-            if step not in in_bucket.get(folder.name, ()):
-                remote.upload(folder, step)
+        for step in steps:
+            if step not in in_bucket.get(folders[number].name, ()):
+                remote.upload(folders[number], step)
                 queued += 1
     return queued
 
