@@ -64,7 +64,21 @@ def _parser() -> argparse.ArgumentParser:
     drill.add_argument("study_file", metavar="STUDY.yaml")
     drill.add_argument("--seed", type=int, default=None, help="seed of the random kill step")
     drill.add_argument("--keep", action="store_true", help="keep the drill's temporary workdir")
+    replay = sub.add_parser("replay", help="scheduler pbt: retrain a trial's lineage from scratch and compare its "
+                                           "final state with the saved one, bit for bit")
+    replay.add_argument("study_file", metavar="STUDY.yaml")
+    replay.add_argument("--trial", type=int, default=None, metavar="N", help="trial N (default: the best trial)")
     return p
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from sweep import api, logs
+
+    with api.open(args.study_file) as session:
+        logs.setup()
+        report = session.replay(args.trial)
+    print("\n".join(report.lines()))
+    return 0 if report.identical else 1
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -198,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.route_warnings(verbose=getattr(args, "verbose", False))
     try:
         return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "plot": _cmd_plot,
-                "plan": _cmd_plan, "drill": _cmd_drill,
+                "plan": _cmd_plan, "drill": _cmd_drill, "replay": _cmd_replay,
                 "continue": _cmd_continue}[args.command](args)
     except Interrupted as exc:
         print(f"sweep: {exc}", file=sys.stderr)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sweep.results import ExportIndex, StudyStatus
     from sweep.drill import DrillReport
     from sweep.plan import Plan
+    from sweep.replay import ReplayReport
 
 
 class StudySession:
@@ -197,6 +198,13 @@ class StudySession:
         from sweep.drill import drill
 
         return drill(self.config, seed=seed, keep=keep)
+
+    def replay(self, trial: int | None = None) -> ReplayReport:
+        """scheduler pbt: retrain trial `trial`'s lineage (default: the best) from scratch and
+        compare its final state with the saved one (see `python -m sweep replay --help`)."""
+        from sweep.replay import replay
+
+        return replay(self._session, trial)
 
     def continue_(self, steps: int, top: int | None = None, trials: list[int] | None = None, *,
                   quiet: bool = False) -> StudySession:

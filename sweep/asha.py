@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep import enqueue
+from sweep import enqueue, pbt
 from sweep.config import Config
 from sweep.record import (BEST_STEP, BEST_VALUE, LAST_STEP, METRICS, PAUSED_AT, RUNG_TARGET, best_of_reports,
                           metrics_at, paused_rung)
@@ -104,6 +104,8 @@ def promote_next(session: Session, states: Mapping[int, TrialState], trials: Seq
     trial can start or run any more and none completed, the best paused one of the highest rung
     goes on (relaxed), so that the study has a best trial."""
     config, paused_now = session.config, paused(trials)
+    if pbt.active(config):  # its own rule: a population goes on once every member paused at the step
+        return pbt.promote_next(session, states, trials)
     promotion = next_promotion(config, trials)
     if (promotion is None and paused_now and not enqueue.waiting(states, paused_now) and not session.running()
             and enqueue.counted(states, paused_now) >= config.study.n_trials

@@ -58,7 +58,7 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None, r
     if directory is None:
         raise SweepError(f"trial {trial.number} has no checkpoint_dir attribute: it was not run by sweep")
     # The template from the data's recorded shapes: an export or `load_best` needs no training data.
-    fresh = initial_state(config, trial.number, config.hyperparameters(trial.params), abstract=True,
+    fresh = initial_state(config, trial.number, config.hyperparameters(record.params_in_force(trial)), abstract=True,
                           data_shapes=trial.user_attrs.get(DATA_SHAPES_ATTR))
     if remote is not None and removed is None and step not in kept_steps(directory):
         # Not here (another host's study, a new machine): read it from the bucket, via a temp folder.
@@ -115,7 +115,7 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
     from sweep.state import run_hyperparameters
 
     restored = best_state(config, best, remote=session.remote)
-    hp = run_hyperparameters(config, config.hyperparameters(best.params))
+    hp = run_hyperparameters(config, config.hyperparameters(record.params_in_force(best)))
     metrics = _jitted("test", config, hp, restored.kind)(restored.state["params"],
                                                            restored.state.get("model_state", {}),
                                                            trial_data(config.trial_module, hp,
@@ -170,7 +170,7 @@ def load_trial(session: Session, trial: int | None = None) -> LoadedTrial:
     config = session.open(create=False).config
     frozen = _pick(session, trial)
     restored = best_state(config, frozen, remote=session.remote)
-    hp = config.hyperparameters(frozen.params)
+    hp = config.hyperparameters(record.params_in_force(frozen))
     state = restored.state
     model = restored.kind.model(config.trial_module, run_hyperparameters(config, hp), state["params"],
                                 state.get("model_state", {}))

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 from sweep import config_checks, config_errors, credentials, space, study_yaml
+from sweep.config_scheduler import Scheduler
 from sweep.config_space import PARAM_MODELS, Param, Scalar, StrictModel
 from sweep import objectives as objectives_lib
 from sweep.constraints import Constraint
@@ -58,23 +59,6 @@ class Pruner(StrictModel):
     @property
     def kwargs(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
-
-
-class Scheduler(StrictModel):
-    """Asynchronous successive halving that pauses and promotes trials (sweep/asha.py,
-    docs/schedulers.md): rungs at min_steps * reduction_factor**k below train.steps; hyperband:
-    brackets of it, each starting at a higher rung."""
-    type: Literal["asha", "hyperband"]
-    min_steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
-    reduction_factor: Annotated[int, Field(ge=2)] = 3
-
-    def rungs(self, steps: int) -> list[int]:
-        """The rung steps below `steps` (a trial's last step is no rung: it ends there)."""
-        out, rung = [], self.min_steps
-        while rung < steps:
-            out.append(rung)
-            rung *= self.reduction_factor
-        return out
 
 
 class Train(StrictModel):
@@ -202,7 +186,7 @@ class StudyFile(StrictModel):
     objectives: list[Objective] | None = None
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
-    scheduler: Scheduler | None = None  # pause-and-promote (sweep/asha.py); None: every trial trains to the end
+    scheduler: Scheduler | None = None  # sweep/asha.py, sweep/pbt.py; None: every trial trains to the end
     # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
     search_space: dict[str, Param] | None = None
     enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/enqueue.py)
@@ -235,12 +219,20 @@ class StudyFile(StrictModel):
         if self.pruner.type != "none":
             raise ValueError(f"pruner.type: must be none with scheduler {s.type} (the scheduler pauses trials and "
                              f"promotes them later; an Optuna pruner would end them for good), got {self.pruner.type!r}")
-        if s.min_steps >= self.train.steps:
-            raise ValueError(f"scheduler.min_steps: must be < train.steps ({self.train.steps}): the first rung comes "
-                             f"before a trial's last step, got {s.min_steps}")
-        if s.min_steps % self.train.eval_every:
-            raise ValueError(f"scheduler.min_steps: must be a multiple of train.eval_every ({self.train.eval_every}): "
-                             f"a trial pauses at an evaluation, got {s.min_steps}")
+        what = "the first interval" if s.type == "pbt" else "the first rung"
+        key = "interval_steps" if s.type == "pbt" else "min_steps"
+        if s.first >= self.train.steps:
+            raise ValueError(f"scheduler.{key}: must be < train.steps ({self.train.steps}): {what} comes "
+                             f"before a trial's last step, got {s.first}")
+        if s.first % self.train.eval_every:
+            raise ValueError(f"scheduler.{key}: must be a multiple of train.eval_every ({self.train.eval_every}): "
+                             f"a trial pauses at an evaluation, got {s.first}")
+        if s.type == "pbt" and s.population is not None and s.population > self.n_trials:
+            raise ValueError(f"scheduler.population: must be <= n_trials ({self.n_trials}): the first population "
+                             f"is the first trials, got {s.population}")
+        if s.type == "pbt" and self.checkpoint.remote is not None:
+            raise ValueError("scheduler.type: pbt copies a member's checkpoint into another's folder on this "
+                             "host's disk; it does not run with checkpoint.remote yet, got 'pbt'")
         return self
 
     @property

@@ -37,6 +37,9 @@ def translate(file: str, err: Any, raw: Any, root: type[BaseModel], params: Mapp
     kind, value = err["type"], err.get("input", ...)
     if kind == "extra_forbidden":
         allowed = _allowed_keys(tuple(err["loc"]), root, params)
+        if loc[:1] == ["scheduler"] and len(loc) == 2:  # the keys of its type (asha's or pbt's)
+            from sweep.config_scheduler import Scheduler
+            allowed = Scheduler.allowed_keys((_lookup(raw, loc[:1]) or {}).get("type"))
         hint = difflib.get_close_matches(loc[-1], allowed, n=1)
         rule = f"unknown key (did you mean {hint[0]!r}?)" if hint else f"unknown key (allowed: {', '.join(allowed)})"
         return ConfigError(file, key, rule)

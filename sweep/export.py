@@ -16,7 +16,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import retention, trial_code
 from sweep.best import best_state
-from sweep.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, train_loss_at
+from sweep.record import (CONTINUED_FROM, LAST_STEP, LINEAGE, best_step, metrics_at, params_in_force,
+                          train_loss_at)
 from sweep.constraints import feasible
 from sweep.errors import CheckpointsRemoved, SweepError
 from sweep.export_format import flatten
@@ -126,6 +127,7 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                                            sign * best_step(t, direction)[1], t.number))
     out.mkdir(parents=True, exist_ok=True)
     entries = []
+    pbt_on = config.study.scheduler is not None and config.study.scheduler.type == "pbt"
     for t in trials:
         restored = best_state(config, t, remote=session.remote)
         step, value = restored.step, restored.value
@@ -134,7 +136,7 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
         folder = out / f"trial_{t.number:04d}"
         folder.mkdir(exist_ok=True)
         entry = {"number": t.number, "dir": folder.name, "state": t.state.name,
-                 "hyperparameters": config.hyperparameters(t.params), "params": t.params, "metric": metric,
+                 "hyperparameters": config.hyperparameters(params_in_force(t)), "params": t.params, "metric": metric,
                  "best_step": step, "best_value": value,
                  "last_step": t.user_attrs.get(LAST_STEP, max(t.intermediate_values, default=step)),
                  "metrics": metrics_at(t, step, metric) or {metric: value},
@@ -143,6 +145,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  **({"pareto": t.number in front, "values": _values(config, t)} if multi else {}),
                  "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
                  "collections": sorted(variables),  # model state beside the params, in state.safetensors
+                 # scheduler pbt: its exploits (sweep/pbt.py); its hyperparameters are those in force
+                 **({LINEAGE: t.user_attrs.get(LINEAGE, [])} if pbt_on else {}),
                  # a trial of a companion study: the trial `continue` trained further
                  **({CONTINUED_FROM: t.user_attrs[CONTINUED_FROM]} if CONTINUED_FROM in t.user_attrs else {}),
                  **provenance(config, t)}

@@ -18,6 +18,7 @@ from typing import Any
 
 from sweep import trial_code
 from sweep.config import Config
+from sweep.config_scheduler import ASHA_KEYS, PBT_KEYS
 from sweep.credentials import mask_url
 from sweep.errors import ConfigError
 
@@ -46,7 +47,9 @@ def meaning(config: Config) -> dict[str, Any]:
     out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n in ("values", "when") and x is None)}
                 for k, v in (study["search_space"] or {}).items()})
     if study["scheduler"] is not None:  # where trials pause and which go on: what their values mean
-        out.update({f"scheduler.{k}": v for k, v in study["scheduler"].items()})
+        # The keys of its type only: fingerprints stored before pbt's keys existed stay equal.
+        other = ASHA_KEYS if study["scheduler"]["type"] == "pbt" else PBT_KEYS
+        out.update({f"scheduler.{k}": v for k, v in study["scheduler"].items() if k not in other})
     if study["enqueue"]:  # the first trials' params
         out["enqueue"] = study["enqueue"]
     if study["constraints"]:  # they steer the sampler and decide which trial is best

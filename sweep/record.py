@@ -34,6 +34,11 @@ CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the tri
 # Optuna's WAITING with this attribute: its last entry is the rung it waits at), and the step its
 # current run trains to (a higher rung or train.steps), set when it is promoted.
 PAUSED_AT, RUNG_TARGET = "paused_at", "rung_target"
+# Population-based training (sweep/pbt.py): the params a member trains with now (its sampled
+# params until an exploit gives it a donor's, perturbed), and its exploits in order: {"step",
+# "source", "source_step", "source_checksum", "source_value", "old_value", "old_params", "new_params"}
+# ("source" null where every donor's checkpoint was damaged: it went on with its own).
+PBT_PARAMS, LINEAGE = "pbt_params", "lineage"
 # Trial user attribute of a warm-start observation (sweep/warm_start.py): {"study", "number"} of the
 # trial of the other study it copies. Such a trial is never run, counted, resumed or exported.
 WARM_START = "warm_start"
@@ -59,6 +64,25 @@ def paused_rung(trial: FrozenTrial) -> int | None:
     """The rung step a paused trial waits at; None for any other trial (an enqueued WAITING one too)."""
     rungs = trial.user_attrs.get(PAUSED_AT)
     return int(rungs[-1]) if trial.state == TrialState.WAITING and rungs else None
+
+
+def params_in_force(trial: FrozenTrial) -> dict[str, Any]:
+    """The params a trial trains with now: Optuna's (sampled, immutable) unless a PBT exploit
+    replaced them (sweep/pbt.py)."""
+    return dict(trial.user_attrs.get(PBT_PARAMS) or trial.params)
+
+
+def exploited_at(trial: FrozenTrial) -> int:
+    """The step of a PBT member's latest exploit (0 if none): its state before it was another
+    member's, so its best step and its resume never go below it (sweep/pbt.py)."""
+    return max((int(e["step"]) for e in trial.user_attrs.get(LINEAGE, []) if e.get("source") is not None), default=0)
+
+
+def counted_reports(trial: FrozenTrial, metric: str) -> dict[int, float]:
+    """The reports that count for a trial now: every one, but for a PBT member only from its latest
+    exploit on (its best step, its value and its resume never reach back into a lineage it left)."""
+    since = exploited_at(trial)
+    return {s: v for s, v in reports(trial, metric).items() if s >= since}
 
 
 def eval_attr(step: int) -> str:

@@ -16,7 +16,7 @@ from sweep import asha, constraints, enqueue, objectives, warm_start
 from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES, LAST_STEP,
-                          METRICS, add_compiles, add_resume, eval_attr, metrics_at, reports)
+                          METRICS, PBT_PARAMS, add_compiles, add_resume, counted_reports, eval_attr, metrics_at)
 from sweep.steps import newest_step
 from sweep.compiled import forget_taken_grid_points
 from sweep.credentials import scrub
@@ -218,7 +218,7 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
             ckpt_dir = recorded
         if recorded != ckpt_dir:
             trial.set_user_attr(CHECKPOINT_DIR, ckpt_dir)
-        params = suggest_all(config, trial)
+        params = frozen.user_attrs.get(PBT_PARAMS) or suggest_all(config, trial)  # a PBT exploit's (sweep/pbt.py)
         if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
             frozen = session.trial(claimed.number)
         trial_code.record_on(trial, frozen, code)
@@ -311,7 +311,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             with trial_guard.guarded():  # an exit in the trial's code fails the trial, not the run
                 outcome = run_trial(config, number, config.hyperparameters(params),
                                     _Fenced(trial, fence, config.study.multi_objective),
-                                    reports(frozen, config.study.objective.metric), ckpt, stop,
+                                    counted_reports(frozen, config.study.objective.metric), ckpt, stop,
                                     TrialEvents(on_restore, on_step, on_evaluation, on_compiles, on_data_shapes,
                                                 on_devices),
                                     seed_number=session.seed_number(number), pause_at=asha.pause_at(config, frozen),

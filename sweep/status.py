@@ -10,8 +10,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import ledger as ledger_lib
 from sweep import retention
 from sweep.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP, METRICS,
-                          PAUSED_AT, best_of_reports, checkpoint_folder, companions, metrics_at, paused_rung, reports,
-                          train_loss_at)
+                          LINEAGE, PAUSED_AT, best_of_reports, checkpoint_folder, companions, counted_reports,
+                          metrics_at, params_in_force, paused_rung, train_loss_at)
 from sweep.cadence import effective_interval
 from sweep.steps import newest_mtime, newest_step
 from sweep.config import sign
@@ -42,6 +42,10 @@ def collect(session: Session) -> StudyStatus:
             done = t.state == TrialState.COMPLETE
             entry["values"] = dict(zip((o.metric for o in config.study.all_objectives), t.values)) if done else None
             entry["pareto"] = t.number in front
+    if config.study.scheduler is not None and config.study.scheduler.type == "pbt":  # its exploits (sweep/pbt.py)
+        for entry, t in zip(entries, trials):
+            entry["lineage"] = t.user_attrs.get(LINEAGE, [])
+            entry["params_in_force"] = params_in_force(t)  # the table shows these
     if session.remote is not None:  # the newest step each trial has in the bucket
         remote = session.remote_steps(t.number for t in trials) or {}
         for entry in entries:
@@ -75,7 +79,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
            removed: str | None) -> TrialStatus:
     attrs = t.user_attrs
     # A trial still running (or interrupted) has no best_* attributes yet: derive them from its reports.
-    best_step, best_value = best_of_reports(reports(t, t_metric), direction) or (None, None)
+    best_step, best_value = best_of_reports(counted_reports(t, t_metric), direction) or (None, None)
     best_value = attrs.get(BEST_VALUE, best_value)
     return {
         "number": t.number,
@@ -137,7 +141,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         marked = t["number"] in front if "objectives" in status else t["number"] == best
         rows.append(["*" if marked else "", str(t["number"]), t["state"],
                      *([_link(t.get("continued_from"))] if linked else []),
-                     *[_fmt(t["params"].get(n)) for n in names], _fmt(t["best_value"]),
+                     *[_fmt(t.get("params_in_force", t["params"]).get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
                      _interval(t.get("checkpoint_interval")),

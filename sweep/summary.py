@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from optuna.trial import TrialState
 
 from sweep.best import best_test_metrics
-from sweep.record import COMPILES_ATTR, ERROR, LEDGER, RESUMES, checkpoint_folder
+from sweep.record import COMPILES_ATTR, ERROR, LEDGER, RESUMES, checkpoint_folder, params_in_force
 from sweep.ledger import of_trial, study_total, summary_line
 from sweep.session import Session
 from sweep.words import count
@@ -48,7 +48,9 @@ def text(session: Session) -> str:
                      f"{best.user_attrs.get('best_step')}")
     else:
         lines.append(f"best trial: {best.number}  {metric}={best.value!r} at step {best.user_attrs.get('best_step')}")
-    lines.append(f"params: {best.params}")
+    in_force = params_in_force(best)  # a PBT member's after its latest exploit (sweep/pbt.py)
+    lines.append(f"params: {best.params}" if in_force == best.params else
+                 f"params: {in_force} (sampled: {best.params}; see its lineage in status --json)")
     lines.append(f"checkpoints: {checkpoint_folder(config, best)}")
     test = best_test_metrics(session)
     if test is not None:
