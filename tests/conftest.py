@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import re
 import signal
 import subprocess
@@ -201,6 +202,33 @@ def kill_mid_trial(study_file: Path, number: int, min_step: int) -> list[int]:
     wait_for_checkpoint(checkpoint_dir(study_file, number), min_step)
     kill9(proc)
     return sorted(int(p.name) for p in checkpoint_dir(study_file, number).iterdir() if p.name.isdigit())
+
+
+def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, env: dict[str, str] | None = None,
+                        rounds: int = 7) -> int:
+    """Run the study and send it `signum` `rounds` times: first right after a line matching
+    `first`, then at a random moment (seeded) within a second of a trial starting, going on,
+    resuming or training again; stops early once a run finishes by itself. The interruptions."""
+    rng = random.Random(seed)
+    kills = 0
+    for pattern in [first, *[r"trial \d+: (started|goes on|promoted|resumed|training again)"] * (rounds - 1)]:
+        proc = Running("run", study_file, cwd=study_file.parent, env=env)
+        try:
+            proc.wait_for(pattern, timeout=120)
+        except AssertionError:  # finished before: nothing left to interrupt
+            assert proc.finish() == 0, proc.stderr
+            break
+        time.sleep(0 if kills == 0 else rng.uniform(0.0, 1.0))
+        if proc.proc.poll() is not None:
+            assert proc.finish() == 0, proc.stderr
+            break
+        proc.signal(signum)
+        code = proc.finish()
+        # -SIGTERM: it came before the run took the signal over (imports) or after it gave it back
+        # (the summary): the default action, as good as a kill -9
+        assert code in (0, -signal.SIGKILL, 128 + signal.SIGTERM, -signal.SIGTERM), (code, proc.stderr)
+        kills += code != 0
+    return kills
 
 
 def study_of(study_file: Path) -> optuna.Study:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from conftest import BASE_STUDY, Running, kill9, merge, run_cli, study_of
+from conftest import BASE_STUDY, Running, interrupt_at_random, kill9, merge, run_cli, study_of
 from sweep.__main__ import main
 
 # Rungs at 100 and 200 of 400 steps, eta 2: with 5 trials some stay paused, some go on. One
@@ -144,6 +145,20 @@ def test_asha_kill9_then_same_command_equals_an_uninterrupted_run(uninterrupted,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
+def test_asha_killed_at_random_moments_equals_an_uninterrupted_run(uninterrupted, tmp_path, signum):
+    """kill -9 or SIGTERM as a trial pauses at its first rung, then at random moments (pauses,
+    promotions, steps, saves): the same command ends with the same study, no step trained twice."""
+    path = _write(tmp_path)
+    kills = interrupt_at_random(path, signum, r"paused at rung 100", seed=signum, env=_cache(uninterrupted))
+    result = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
+    assert result.returncode == 0, result.stderr
+    assert kills >= 2
+    # `resumed_from` also holds the resumes after its interruptions: the rest is the same
+    assert [h[:-1] for h in _history(path)] == [h[:-1] for h in _history(uninterrupted)]
+
+
+@pytest.mark.slow
 def test_asha_two_workers_never_take_a_paused_trial_as_new(uninterrupted, tmp_path):
     """Two workers: a trial pauses under the study's ask lock and sweep's ask never pops a paused
     trial, so no worker takes one as a WAITING trial of its own (seen once before both: the trial
@@ -156,6 +171,26 @@ def test_asha_two_workers_never_take_a_paused_trial_as_new(uninterrupted, tmp_pa
     _check_pauses(trials)
     for t in trials:
         assert result.stderr.count(f"trial {t.number}: started with params") == 1, result.stderr
+
+
+@pytest.mark.slow
+def test_asha_two_hosts_on_postgres_each_curve_equals_the_one_process_run(uninterrupted, tmp_path, postgres_url):
+    """Two hosts on one PostgreSQL study: which paused trial goes on depends on which trials reached
+    their rungs first (docs/schedulers.md), but each trial runs once, pauses and promotes by the
+    rules, and its curve is bit for bit the one-process run's of the same trial."""
+    path = _write(tmp_path, storage=postgres_url)
+    hosts = [Running("run", path, cwd=tmp_path, env={**_cache(uninterrupted), "SWEEP_HOST": f"host{i}"})
+             for i in range(2)]
+    assert [h.finish() for h in hosts] == [0, 0], [h.stderr[-3000:] for h in hosts]
+    trials = sorted(study_of(path).trials, key=lambda t: t.number)
+    alone = {t.number: t for t in study_of(uninterrupted).trials}
+    assert len(trials) == 5 and any(t.state.name == "COMPLETE" for t in trials)
+    _check_pauses(trials)
+    for t in trials:
+        assert sum(h.stderr.count(f"trial {t.number}: started with params") for h in hosts) == 1
+        assert t.params == alone[t.number].params
+        common = set(t.intermediate_values) & set(alone[t.number].intermediate_values)
+        assert common and all(t.intermediate_values[s] == alone[t.number].intermediate_values[s] for s in common)
 
 
 @pytest.mark.slow
