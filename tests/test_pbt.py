@@ -52,10 +52,11 @@ def _folder(path: Path, number: int) -> Path:
 
 
 def _final_sums(path: Path) -> dict[int, str]:
-    """sha256 of every member's final state (step 200), as its checksum file records it."""
+    """sha256 of every member's final state (its last step), as its checksum file records it."""
     out = {}
+    last = yaml.safe_load(path.read_text())["train"]["steps"]
     for t in study_of(path).trials:
-        record = _folder(path, t.number).with_name(f"trial_{t.number:04d}.sums") / "200.sweep.json"
+        record = _folder(path, t.number).with_name(f"trial_{t.number:04d}.sums") / f"{last}.sweep.json"
         out[t.number] = json.loads(record.read_text())["sha256"]
     return out
 
@@ -254,3 +255,25 @@ def test_pbt_two_hosts_on_postgres_end_with_the_same_study_as_one_process(uninte
     assert all("started with params" in h.stderr for h in hosts)  # both hosts trained members
     assert _history(path) == _history(uninterrupted)
     assert _final_sums(path) == _final_sums(uninterrupted)
+
+
+@pytest.mark.slow
+def test_pbt_of_a_streaming_trial_copies_the_data_position_and_replays(tmp_path):
+    """trials.digits_stream (a grain pipeline over records on disk): an exploit copies the input
+    pipeline's position with the state; killed right after one, the run ends as an uninterrupted
+    one, and replay retrains the copied member to the same final state."""
+    settings = dict(trial="trials.digits_stream", n_trials=3, fixed={"batch_size": 32, "data_dir": str(tmp_path / "data")},
+                    scheduler={"type": "pbt", "population": 3, "interval_steps": 50, "quantile": 0.34},
+                    train={"steps": 150})
+    straight = _write(tmp_path / "straight", **settings)
+    assert run_cli("run", straight, cwd=straight.parent).returncode == 0
+    path = _write(tmp_path / "killed", **settings)
+    kills = interrupt_at_random(path, signal.SIGKILL, r"exploit at step", seed=5, rounds=2, env=_cache(straight))
+    result = run_cli("run", path, cwd=path.parent, env=_cache(straight))
+    assert result.returncode == 0, result.stderr
+    assert kills >= 1
+    assert _history(path) == _history(straight) and _final_sums(path) == _final_sums(straight)
+    copied = [t.number for t in study_of(path).trials if t.user_attrs.get("lineage")]
+    assert copied
+    result = run_cli("replay", path, "--trial", str(copied[0]), cwd=path.parent, env=_cache(straight))
+    assert result.returncode == 0 and "bit-identical: yes" in result.stdout, result.stdout + result.stderr
