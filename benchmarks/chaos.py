@@ -417,18 +417,24 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
 
 def _inject(rng: random.Random, kinds: list[str], hosts: list[Host], proxy: Proxy, storage: str, name: str,
             undo: list[tuple[float, str, Any]], now: float) -> dict[str, Any] | None:
-    """Inject the next fault of `kinds` (a seeded round: each kind once per round, in random order; a
-    kind with no target now goes to the end of its round, or to the front of the next)."""
-    if not kinds:
-        kinds += rng.sample(KINDS_ROUND, len(KINDS_ROUND))
-    kind = kinds.pop(0)
-    fault = _inject_kind(kind, rng, hosts, proxy, storage, name, undo, now)
-    if fault is None:  # later in this round, or first in the next (a kind is never dropped)
+    """Inject the next fault of `kinds` (a seeded round: each kind once per round, in random order).
+    A kind with no target now (damage before any step is committed, a bucket already away) keeps its
+    place at the front and the next kind of the queue is injected in this slot instead: one fault
+    per slot, no slot lost, no kind dropped (a short campaign can end before a kind's next turn)."""
+    tried: list[str] = []
+    for _ in range(len(KINDS_ROUND)):
+        if not kinds:  # the next round, less the kinds still waiting for a target
+            kinds += [k for k in rng.sample(KINDS_ROUND, len(KINDS_ROUND)) if k not in tried]
         if not kinds:
-            kinds += [kind] + [k for k in rng.sample(KINDS_ROUND, len(KINDS_ROUND)) if k != kind]
-        else:
-            kinds.append(kind)
-    return fault
+            break
+        kind = kinds.pop(0)
+        fault = _inject_kind(kind, rng, hosts, proxy, storage, name, undo, now)
+        if fault is not None:
+            kinds[:0] = tried
+            return fault
+        tried.append(kind)
+    kinds[:0] = tried
+    return None
 
 
 def _inject_kind(kind: str, rng: random.Random, hosts: list[Host], proxy: Proxy, storage: str, name: str,

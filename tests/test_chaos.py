@@ -19,7 +19,7 @@ def test_a_seeded_minute_of_faults_on_three_hosts_breaks_no_guarantee(tmp_path, 
         import chaos
     finally:
         sys.path.pop(0)
-    report = chaos.campaign(tmp_path / "campaign", minutes=1.0, seed=1, workers=3, n_trials=6, steps=100000,
+    report = chaos.campaign(tmp_path / "campaign", minutes=1.0, seed=1, workers=3, n_trials=9, steps=100000,
                             storage=postgres_url, say=lambda line: None)
     kinds = {f["kind"] for f in report["faults"]}
     assert kinds | set(report["skipped_kinds"]) == set(chaos.KINDS), report["faults"]  # every kind, or why not
