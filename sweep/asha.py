@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep import enqueue, pbt
 from sweep.config import Config
 from sweep.record import (BEST_STEP, BEST_VALUE, LAST_STEP, METRICS, PAUSED_AT, RUNG_TARGET, best_of_reports,
-                          metrics_at, paused_rung)
+                          counted_reports, metrics_at, paused_rung)
 from sweep.session import Session
 
 log = logging.getLogger("sweep")
@@ -149,7 +149,7 @@ def finish_paused(session: Session, trials: Sequence[FrozenTrial]) -> None:
         rung = paused_rung(t)
         if rung is None:
             continue
-        best_step, best_value = best_of_reports(t.intermediate_values, direction) or (rung, t.intermediate_values[rung])
+        best_step, best_value = best_of_reports(counted_reports(t, metric), direction) or (rung, t.intermediate_values[rung])
         for key, value in ((BEST_STEP, best_step), (BEST_VALUE, best_value), (LAST_STEP, rung),
                            (METRICS, metrics_at(t, best_step, metric))):
             session.set_trial_attr(t.number, key, value)

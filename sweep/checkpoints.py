@@ -170,6 +170,9 @@ class TrialCheckpoints:
         self._writing: int | None = None  # the step the writer is on
         self.written_seconds = 0.0  # the writer thread's time on this folder's saves (the goodput ledger)
         self.last_saved: int | None = self._manager.latest_step()
+        # A PBT member's latest exploit step (sweep/pbt.py): its steps below it are another lineage,
+        # never resumed from; with none intact at or above it the trial fails, loudly.
+        self.restore_floor = 0
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -239,7 +242,7 @@ class TrialCheckpoints:
         """
         limit = None
         for step in sorted(self._manager.all_steps(), reverse=True):
-            if limit is not None and step >= limit:
+            if (limit is not None and step >= limit) or step < self.restore_floor:
                 continue
             state = self._verified(step, template)
             if state is None:
@@ -252,6 +255,10 @@ class TrialCheckpoints:
                 limit = best
                 continue
             return step, state
+        if self.restore_floor:
+            raise DamagedCheckpoint(f"{self.label}: no intact checkpoint at or after its PBT exploit at step "
+                                    f"{self.restore_floor} (the copied state is damaged; an older step is another "
+                                    "member's lineage)")
         return None, template
 
     def save(self, *items: tuple[int, Any, dict[str, float] | None]) -> None:

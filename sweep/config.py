@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 from pathlib import Path
@@ -230,6 +231,12 @@ class StudyFile(StrictModel):
         if s.type == "pbt" and s.population is not None and s.population > self.n_trials:
             raise ValueError(f"scheduler.population: must be <= n_trials ({self.n_trials}): the first population "
                              f"is the first trials, got {s.population}")
+        if s.type == "pbt" and s.population is not None and math.floor(s.population * s.quantile + 1e-9) < 1:
+            raise ValueError(f"scheduler.quantile: quantile * population must be >= 1 (one member at least copies "
+                             f"another at each interval; population {s.population}), got {s.quantile}")
+        if s.type == "pbt" and self.warm_start is not None:
+            raise ValueError("warm_start: not with scheduler pbt (its observations take the first trial numbers, "
+                             "which make up the populations), got a warm start")
         if s.type == "pbt" and self.checkpoint.remote is not None:
             raise ValueError("scheduler.type: pbt copies a member's checkpoint into another's folder on this "
                              "host's disk; it does not run with checkpoint.remote yet, got 'pbt'")

@@ -22,7 +22,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep import config as config_lib
 from sweep import integrity, retention
-from sweep.record import CONTINUED_FROM, EVAL_ATTR_PREFIX, LAST_STEP, checkpoint_folder, companion_name
+from sweep.record import (CONTINUED_FROM, EVAL_ATTR_PREFIX, LAST_STEP, checkpoint_folder, companion_name, exploited_at,
+                          params_in_force)
 from sweep.steps import kept_steps, newest_step
 from sweep.config import Config
 from sweep.credentials import mask_url
@@ -64,7 +65,8 @@ class ContinuingSession(Session):
         if not any(t.state == TrialState.WAITING for t in trials):  # else a kill came between the two
             done = {t.user_attrs[CONTINUED_FROM]["number"] for t in trials if CONTINUED_FROM in t.user_attrs}
             nxt = next(t for t in self.chosen if t.number not in done)
-            self.study.enqueue_trial(nxt.params, user_attrs={CONTINUED_FROM: {
+            # A PBT member's params in force (after its latest exploit), not those sampled.
+            self.study.enqueue_trial(params_in_force(nxt), user_attrs={CONTINUED_FROM: {
                 "study": self.source.name, "number": nxt.number, "last_step": nxt.user_attrs[LAST_STEP]}})
         return self.study.ask()
 
@@ -85,11 +87,12 @@ class ContinuingSession(Session):
         with retention.reading(source_folder, origin.number):
             for step in kept_steps(source_folder):
                 _copy_step(source_folder, folder, step)
+        since = exploited_at(origin)  # a PBT member's lineage starts at its latest exploit
         for step, value in sorted(origin.intermediate_values.items()):
-            if step not in frozen.intermediate_values:
+            if step not in frozen.intermediate_values and step >= since:
                 trial.report(value, step)
         for key, value in origin.user_attrs.items():
-            if key.startswith(EVAL_ATTR_PREFIX) and key not in frozen.user_attrs:
+            if key.startswith(EVAL_ATTR_PREFIX) and key not in frozen.user_attrs and int(key[len(EVAL_ATTR_PREFIX):]) >= since:
                 trial.set_user_attr(key, value)
         trial.set_user_attr(_READY_ATTR, True)
         log.info("trial %d: continues trial %d of study %s from its last step %d, to %d steps", number,

@@ -63,8 +63,17 @@ def population_of(config: Config, number: int) -> int:
 
 
 def population_size(config: Config, index: int) -> int:
+    """Members of population `index`: `population`, the last one what n_trials leaves (a block
+    past n_trials, after n_trials was lowered, counts as whole: it never completes, its paused
+    members end PRUNED with the study)."""
     size = int(config.study.scheduler.population)  # type: ignore[union-attr]
-    return max(0, min(size, config.study.n_trials - index * size))
+    left = config.study.n_trials - index * size
+    return min(size, left) if left > 0 else size
+
+
+def exploited(config: Config, members: int) -> int:
+    """How many of `members` copy another at an exploit: floor(quantile * members) (float-safe)."""
+    return math.floor(members * config.study.scheduler.quantile + 1e-9)  # type: ignore[union-attr]
 
 
 def decide(config: Config, members: Sequence[FrozenTrial], step: int) -> dict[str, dict[str, Any]]:
@@ -75,7 +84,7 @@ def decide(config: Config, members: Sequence[FrozenTrial], step: int) -> dict[st
     s, sign = config.study.scheduler, config.study.objective.sign
     assert s is not None
     ranked = sorted(members, key=lambda t: (sign * t.intermediate_values[step], t.number))
-    k = int(len(ranked) * s.quantile)
+    k = exploited(config, len(ranked))
     if k == 0:
         return {}
     top = [t.number for t in ranked[:k]]
@@ -120,10 +129,12 @@ def promote_next(session: Session, states: Mapping[int, TrialState], trials: Seq
         if not waiting or len(populations[index]) < population_size(config, index):
             continue
         step = min(int(paused_rung(t)) for t in waiting)  # type: ignore[arg-type]
-        if not all(step in t.user_attrs.get(PAUSED_AT, []) for t in members):
-            continue  # a member has not reached the step yet (or its checkpoint there is not on disk)
         key = DECISION_ATTR.format(population=index, step=step)
         decision = session.study.user_attrs.get(key)
+        # Decided only once every member waits at the step: not one RUNNING there (adopted after
+        # a kill between its pause's two writes, restoring the step a copy would replace).
+        if decision is None and not all(paused_rung(t) == step for t in members):
+            continue
         if decision is None:  # recorded before anything is applied: a kill re-applies the same
             decision = decide(config, members, step)
             session.set_study_attr(key, decision)
@@ -158,6 +169,8 @@ def _apply(session: Session, members: Mapping[int, FrozenTrial], step: int,
                                  "source_value": None, "old_value": decision[key]["value"],
                                  "old_params": own, "new_params": own}
         for number in decision[key]["donors"]:
+            if number not in members:  # it failed since the decision: not a donor any more
+                continue
             donor = members[number]
             digest = _intact(config, donor, step)
             if digest is None:
@@ -207,6 +220,8 @@ def _copy(config: Config, donor: int, recipient: int, step: int, digest: str) ->
     renamed to a dot-name first, so a kill leaves no half-removed step a restore would read)."""
     src, dst = config.checkpoint_dir(donor), config.checkpoint_dir(recipient)
     dst.mkdir(parents=True, exist_ok=True)
+    for debris in dst.glob(".*.pbt-old"):  # a kill between a rename and its removal
+        shutil.rmtree(debris, ignore_errors=True)
     for old in kept_steps(dst):
         gone = dst / f".{old}.pbt-old"
         shutil.rmtree(gone, ignore_errors=True)

@@ -141,8 +141,11 @@ def text(config: Config, plan: Plan) -> str:
         lines.append(f"  waiting: {numbered('trial', plan.waiting)}, enqueued: {they} first, whatever n_trials says")
     if plan.paused:
         at = ", ".join(f"trial {n} at step {rung}" for n, rung in sorted(plan.paused.items()))
-        lines.append(f"  paused:  {at} (scheduler asha: each goes on when it ranks in its rung's top, else ends "
-                     "PRUNED once no trial is left to start)")
+        s = config.study.scheduler
+        lines.append(f"  paused:  {at} (scheduler pbt: each goes on once its whole population paused at its step, "
+                     "after the exploits there)" if s is not None and s.type == "pbt" else
+                     f"  paused:  {at} (scheduler {s.type if s else 'asha'}: each goes on when it ranks in its rung's "
+                     "top, else ends PRUNED once no trial is left to start)")
     if plan.new:
         lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, "
                      f"{_how(config, plan)}")

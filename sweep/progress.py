@@ -18,7 +18,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.record import DEVICES, PAUSED_AT, best_of_reports, checkpoint_folder, reports as reports_of
+from sweep.record import DEVICES, PAUSED_AT, best_of_reports, checkpoint_folder, counted_reports, reports as reports_of
 from sweep.steps import newest_mtime
 from sweep.session import FINISHED, Session
 
@@ -122,7 +122,8 @@ class Monitor:
         here = t.number in self._steps  # running in this process: its runner times its windows
         if here:
             rate = self._rates.get(t.number)
-        best = best_of_reports(reports, self.config.study.objective.direction)
+        best = best_of_reports(counted_reports(t, self.config.study.objective.metric),  # a PBT member: since its exploit
+                               self.config.study.objective.direction)
         folder = checkpoint_folder(self.config, t)
         mtime = newest_mtime(folder) if folder is not None else None
         return TrialLine(

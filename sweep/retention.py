@@ -184,7 +184,8 @@ def remove_steps(session: Any, t: FrozenTrial, folder: Path, keep: set[int]) -> 
 
 
 def _leftovers(root: Path) -> None:
-    """Delete what a kill left of a removal, a download from the bucket or a copy for `continue`:
+    """Delete what a kill left of a removal, a download from the bucket, a copy for `continue` or a
+    PBT exploit (sweep/pbt.py):
     dot-folders in the study's checkpoint root and in its trial folders."""
     try:
         entries = list(os.scandir(root))
@@ -196,7 +197,7 @@ def _leftovers(root: Path) -> None:
         elif entry.is_dir() and not entry.name.startswith("."):
             with contextlib.suppress(OSError):
                 for inner in os.scandir(entry.path):
-                    if inner.name.endswith((_DOOMED, ".downloading", ".copying")):
+                    if inner.name.endswith((_DOOMED, ".downloading", ".copying", ".pbt", ".pbt-old")):
                         shutil.rmtree(inner.path, ignore_errors=True)
 
 

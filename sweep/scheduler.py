@@ -16,7 +16,8 @@ from sweep import asha, constraints, enqueue, objectives, warm_start
 from sweep import plan as plan_lib
 from sweep import retention, slots, trial_code, trial_guard
 from sweep.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES, LAST_STEP,
-                          METRICS, PBT_PARAMS, add_compiles, add_resume, counted_reports, eval_attr, metrics_at)
+                          METRICS, PBT_PARAMS, add_compiles, add_resume, counted_reports, eval_attr, exploited_at,
+                          metrics_at)
 from sweep.steps import newest_step
 from sweep.compiled import forget_taken_grid_points
 from sweep.credentials import scrub
@@ -265,6 +266,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
         curves = TrialLog(tracker, lambda step, frozen=frozen: trial_start(config, trial, frozen, params, step,
                                                                            ckpt_dir, fence))
         ckpt = session.checkpoints(number, ckpt_dir, fence=fence, on_commit=curves.checkpoint)
+        ckpt.restore_floor = exploited_at(frozen)  # a PBT member never resumes into a lineage it left
 
         def on_step(n: int, step: int) -> None:
             session.on_step(n, step)

@@ -90,6 +90,29 @@ def test_damaged_older_best_step_sends_resume_below_it(tmp_path):
     assert [p.name.split("-")[0] for p in (tmp_path / "trial_0000.quarantine").iterdir()] == ["200"]
 
 
+def test_a_pbt_member_never_resumes_below_its_exploit(tmp_path):
+    """restore_floor (sweep/pbt.py: its latest exploit step): steps below it are another member's
+    lineage; with the steps at and above it damaged, the restore fails loudly instead."""
+    from sweep.checkpoints import DamagedCheckpoint
+
+    directory = tmp_path / "trial_0000"
+    ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=3, keep_best=0)
+    for step in (100, 200, 300):
+        ckpt.save((step, _state(step), {"val_loss": 1.0 / step}))
+    ckpt.close()
+    _flip(directory / "300")
+    ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=3, keep_best=0)
+    ckpt.restore_floor = 200
+    step, _ = ckpt.restore_intact(_state(0), lambda s: None)
+    assert step == 200  # the newest intact step at or above the floor
+    _flip(directory / "200")
+    ckpt.restore_floor = 200
+    with pytest.raises(DamagedCheckpoint, match="no intact checkpoint at or after its PBT exploit at step 200"):
+        ckpt.restore_intact(_state(0), lambda s: None)
+    ckpt.close()
+    assert (directory / "100").is_dir()  # below the floor: left alone, never restored
+
+
 def test_checksums_follow_retention_and_a_step_without_one_is_not_trusted(tmp_path):
     directory = tmp_path / "trial_0000"
     ckpt = TrialCheckpoints(directory, "val_loss", "maximize", keep_last=1, keep_best=1)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import yaml
 
@@ -221,6 +222,9 @@ BAD = [
      "scheduler.perturb: unknown key (allowed: type, population, interval_steps"),
     ("quantile-above-half", {"scheduler": {"type": "pbt", "population": 3, "interval_steps": 50, "quantile": 0.8}},
      "scheduler.quantile: must be <= 0.5, got 0.8"),
+    ("no-member-copies", {"scheduler": {"type": "pbt", "population": 3, "interval_steps": 50}},
+     "scheduler.quantile: quantile * population must be >= 1"),
+    ("with-warm-start", {"warm_start": {"study": "other"}}, "warm_start: not with scheduler pbt"),
     ("with-pruner", {"pruner": {"type": "hyperband"}}, "pruner.type: must be none with scheduler pbt"),
     ("with-remote", {"checkpoint": {"remote": "s3://bucket/x"}}, "scheduler.type: pbt copies a member's checkpoint"),
 ]
@@ -277,3 +281,22 @@ def test_pbt_of_a_streaming_trial_copies_the_data_position_and_replays(tmp_path)
     assert copied
     result = run_cli("replay", path, "--trial", str(copied[0]), cwd=path.parent, env=_cache(straight))
     assert result.returncode == 0 and "bit-identical: yes" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_continue_of_an_exploited_member_trains_its_params_in_force(uninterrupted, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(uninterrupted.parent, copy)
+    path = _write(copy)
+    member = next(t for t in study_of(path).trials if t.user_attrs.get("lineage"))
+    result = run_cli("continue", path, "--steps", "250", "--trial", member.number, cwd=copy, env=_cache(uninterrupted))
+    assert result.returncode == 0, result.stderr
+    data = yaml.safe_load(path.read_text())
+    (companion,) = optuna.load_study(study_name=f"{data['name']}.continued-250",
+                                     storage=f"sqlite:///{data['workdir']}/study.db").trials
+    assert companion.state.name == "COMPLETE" and companion.params == member.user_attrs["pbt_params"]
+    since = max(e["step"] for e in member.user_attrs["lineage"])
+    assert min(companion.intermediate_values) == since and max(companion.intermediate_values) == 250
+    assert "resumed from step 200" in result.stderr
