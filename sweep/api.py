@@ -98,7 +98,7 @@ class StudySession:
         config = self.config
         check_config(config)
         warm_start.check(config)  # the other study exists (nothing created before)
-        self._check_before_run()
+        self._session.start_plan = self._check_before_run()  # its lines as the run starts: not read twice
         # The quick exit of a run still starting up only where this process runs every trial
         # (no helper process or Dask worker whose trials it would cut off).
         stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=_exit_on_signal,

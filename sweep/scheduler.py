@@ -390,7 +390,7 @@ def _after_finish(session: Session) -> None:
 
 
 def _log_start(session: Session) -> None:
-    plan = plan_lib.make(session)
+    plan, session.start_plan = session.start_plan or plan_lib.make(session), None  # a big study: read once
     if plan.finished:
         log.info("%s: finished, skipped", numbered("trial", plan.finished))
     for number, step in sorted(plan.resume.items()):

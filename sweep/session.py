@@ -54,10 +54,10 @@ class Session:
         self._study_id: int | None = None
         self._claims: Claims | None = None
         self._remote: Any = None  # sweep.remote.RemoteTier, made on first use
-        # Trials this process told finished: their claims are released, and an upload still
-        # queued for one of them may find no holder (but not another worker's claim).
+        # Trials this process told finished (claims released; an upload queued for one may find no holder).
         self.finished_here: set[int] = set()
         self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (sweep/enqueue.py)
+        self.start_plan: Any = None  # the plan `run` checked just now: its start-up lines (read once)
 
     # --- opening -------------------------------------------------------------------------------
 
