@@ -19,7 +19,7 @@ last trained step, summed: sweep never trains a step twice, so a promoted trial'
 once), the best COMPLETE trial's value (val_loss, lower is better), and, **at the same budget**,
 the best validation value any evaluation reached within the first B training steps, where B is
 the smallest total of the sides for that seed. The order in which steps were trained comes from
-each run's log (`started`, `paused at rung`, `promoted`, `goes on`, `complete`, `pruned` lines,
+each run's log (`started`, `paused at`, `promoted`, `goes on`, `complete`, `pruned` lines,
 one process: the log order is the training order), each trial's evaluations from Optuna's
 storage (for a PBT member, its own value at an exploit step from its lineage).
 """
@@ -83,7 +83,7 @@ def run_side(folder: Path, side: str, seed: int, n_trials: int) -> dict[str, Any
             "curve": curve(result.stderr, trials)}
 
 
-END = re.compile(r"trial (\d+): (?:paused at rung (\d+)|(?:complete|pruned), .* (\d+) steps$)")
+END = re.compile(r"trial (\d+): (?:paused at (?:rung|step) (\d+)|(?:complete|pruned), .* (\d+) steps$)")
 
 
 def curve(log: str, trials: list[Any]) -> list[tuple[int, float]]:

@@ -136,7 +136,8 @@ def pause(session: Session, number: int, step: int) -> None:
     if not done or done[-1] != step:
         session.set_trial_attr(number, PAUSED_AT, [*done, step])
     session.set_state(number, TrialState.WAITING)
-    log.info("trial %d: paused at rung %d, %s=%r", number, step, session.config.study.objective.metric,
+    log.info("trial %d: paused at %s %d, %s=%r", number, "step" if pbt.active(session.config) else "rung", step,
+             session.config.study.objective.metric,
              session.trial(number).intermediate_values[step])
 
 

@@ -234,6 +234,11 @@ class StudyFile(StrictModel):
         if s.type == "pbt" and s.population is not None and math.floor(s.population * s.quantile + 1e-9) < 1:
             raise ValueError(f"scheduler.quantile: quantile * population must be >= 1 (one member at least copies "
                              f"another at each interval; population {s.population}), got {s.quantile}")
+        last = self.n_trials % s.population if s.type == "pbt" and s.population else 0
+        if last and math.floor(last * s.quantile + 1e-9) < 1:
+            raise ValueError(f"n_trials: leaves a last population of {last} (population {s.population}) in which no "
+                             f"member copies another (quantile {s.quantile}); use a multiple of the population, "
+                             f"got {self.n_trials}")
         if s.type == "pbt" and self.warm_start is not None:
             raise ValueError("warm_start: not with scheduler pbt (its observations take the first trial numbers, "
                              "which make up the populations), got a warm start")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep import integrity, pbt
+from sweep.record import BEST_STEP
 from sweep.errors import ConfigError, SweepError
 from sweep.session import Session
 from sweep.words import count
@@ -32,16 +33,22 @@ class ReplayReport:
     segments: list[tuple[int, int, int, dict[str, Any]]]  # (member, from step, to step, params)
     recorded: str  # sha256 of the trial's final state as the study saved it
     replayed: str | None  # ... as the replay computed it
+    # Its best step (what `export` writes), where it is not the last: (step, recorded, replayed);
+    # None where the best is the last step or either side no longer keeps it.
+    best: tuple[int, str, str | None] | None = None
 
     @property
     def identical(self) -> bool:
-        return self.replayed == self.recorded
+        return self.replayed == self.recorded and (self.best is None or self.best[1] == self.best[2])
 
     def lines(self) -> list[str]:
         out = [f"trial {self.trial}'s lineage: {count(len(self.segments), 'segment')}, retrained from scratch"]
         out += [f"  steps {a}-{b}: trained as trial {m} with {p}" for m, a, b, p in self.segments]
         out.append(f"recorded final state  sha256 {self.recorded}")
         out.append(f"replayed final state  sha256 {self.replayed}")
+        if self.best is not None:
+            out.append(f"recorded best step {self.best[0]} (exported)  sha256 {self.best[1]}")
+            out.append(f"replayed best step {self.best[0]}             sha256 {self.best[2]}")
         out.append("bit-identical: yes" if self.identical else "bit-identical: NO")
         return out
 
@@ -70,7 +77,7 @@ def replay(session: Session, trial: int | None = None) -> ReplayReport:
     config = session.config
     if not pbt.active(config):
         raise ConfigError(str(config.path), "scheduler.type", "replay retrains a PBT lineage: it needs scheduler pbt",
-                          config.study.scheduler.type if config.study.scheduler else None)
+                          config.study.scheduler.type if config.study.scheduler else "no scheduler")
     session.open(create=False)
     trials = {t.number: t for t in session.trials()}
     if trial is None:
@@ -100,4 +107,7 @@ def replay(session: Session, trial: int | None = None) -> ReplayReport:
             finally:
                 ckpt.close()
         replayed = integrity.read_checksum(folder, steps)
-    return ReplayReport(trial, segments, recorded, replayed)
+        best_step = trials[trial].user_attrs.get(BEST_STEP)
+        saved_best = integrity.read_checksum(config.checkpoint_dir(trial), best_step) if best_step != steps else None
+        best = (best_step, saved_best, integrity.read_checksum(folder, best_step)) if saved_best else None
+    return ReplayReport(trial, segments, recorded, replayed, best)

@@ -128,9 +128,11 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     extra += ["train_loss"] if any(t.get("train_loss") is not None for t in status["trials"]) else []
     remote = any("remote_step" in t for t in status["trials"])
     linked = any(t.get("continued_from") for t in status["trials"])
+    pbt = any("lineage" in t for t in status["trials"])  # scheduler pbt: which member it copied last, where
     # A host of one device says nothing new: the column shows where trials could differ.
     devices = len({d for t in status["trials"] for d in t.get("devices") or ()}) > 1
-    head = ["", "number", "state", *(["continued_from"] if linked else []), *names, status["metric"], *extra,
+    head = ["", "number", "state", *(["continued_from"] if linked else []), *(["copied"] if pbt else []), *names,
+            status["metric"], *extra,
             "best_step", "last_step", "resumes", "lost", "ckpt_every", "ckpt_age", *(["devices"] if devices else []),
             *(["remote"] if remote else [])]
     rows = [head]
@@ -140,7 +142,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         metrics = {**(t.get("metrics") or {}), "train_loss": t.get("train_loss")}
         marked = t["number"] in front if "objectives" in status else t["number"] == best
         rows.append(["*" if marked else "", str(t["number"]), t["state"],
-                     *([_link(t.get("continued_from"))] if linked else []),
+                     *([_link(t.get("continued_from"))] if linked else []), *([_copied(t)] if pbt else []),
                      *[_fmt(t.get("params_in_force", t["params"]).get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),
                      _fmt(t["last_step"]), str(t["resumes"]), _lost(t.get("ledger")),
@@ -171,6 +173,12 @@ def _link(origin: dict[str, Any] | None) -> str:
     if not origin:
         return "-"
     return f"trial {origin['number']} of {origin['study']} at step {origin['last_step']}"
+
+
+def _copied(t: dict[str, Any]) -> str:
+    """"trial 3 at 400": the member a PBT member copied at its latest exploit ("-" for none)."""
+    done = [e for e in t.get("lineage") or [] if e.get("source") is not None]
+    return f"trial {done[-1]['source']} at {done[-1]['step']}" if done else "-"
 
 
 def _remote_cell(t: dict[str, Any]) -> str:

@@ -117,6 +117,10 @@ def test_pbt_exploits_copy_a_better_member_and_perturb_its_floats(uninterrupted)
     status = {t["number"]: t for t in json.loads(result.stdout)["trials"]}
     assert all(status[t.number]["lineage"] == t.user_attrs.get("lineage", []) for t in trials)
     assert all(status[t.number]["params_in_force"] == t.user_attrs.get("pbt_params", t.params) for t in trials)
+    table = run_cli("status", uninterrupted, cwd=uninterrupted.parent).stdout
+    last = trials[0].user_attrs["lineage"][-1] if trials[0].user_attrs.get("lineage") else None
+    row = next(line for line in table.splitlines() if line.split()[:2] in (["0", "COMPLETE"], ["*", "0"]))
+    assert "copied" in table and (f"trial {last['source']} at {last['step']}" in row if last else " - " in row), table
     out = uninterrupted.parent / "export"
     assert run_cli("export", uninterrupted, "--out", out, cwd=uninterrupted.parent).returncode == 0
     exploited = next(t for t in trials if t.user_attrs.get("lineage"))
@@ -136,6 +140,8 @@ def test_pbt_replay_retrains_the_winner_s_lineage_to_the_same_weights(uninterrup
         assert result.returncode == 0, result.stderr
         assert "bit-identical: yes" in result.stdout
     assert f"trained as trial {trials[crossed].user_attrs['lineage'][-1]['source']}" in result.stdout
+    best = trials[crossed].user_attrs["best_step"]  # what export writes: compared too where it is not the last
+    assert (f"replayed best step {best}" in result.stdout) == (best != 200), result.stdout
     # A final state that is not what the lineage trains to: exit 1, "NO"
     sums = _folder(uninterrupted, crossed).with_name(f"trial_{crossed:04d}.sums") / "200.sweep.json"
     saved = sums.read_text()
@@ -225,6 +231,8 @@ BAD = [
     ("no-member-copies", {"scheduler": {"type": "pbt", "population": 3, "interval_steps": 50}},
      "scheduler.quantile: quantile * population must be >= 1"),
     ("with-warm-start", {"warm_start": {"study": "other"}}, "warm_start: not with scheduler pbt"),
+    ("last-population-copies-nothing", {"n_trials": 7},
+     "n_trials: leaves a last population of 1 (population 3) in which no member copies another"),
     ("with-pruner", {"pruner": {"type": "hyperband"}}, "pruner.type: must be none with scheduler pbt"),
     ("with-remote", {"checkpoint": {"remote": "s3://bucket/x"}}, "scheduler.type: pbt copies a member's checkpoint"),
 ]
