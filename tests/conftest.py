@@ -204,6 +204,24 @@ def kill_mid_trial(study_file: Path, number: int, min_step: int) -> list[int]:
     return sorted(int(p.name) for p in checkpoint_dir(study_file, number).iterdir() if p.name.isdigit())
 
 
+def study_in(folder: Path, layer: dict[str, Any], **override: Any) -> Path:
+    """folder/study.yaml: BASE_STUDY + `layer` + `override` (a key overridden with None is left
+    out), its workdir folder/runs."""
+    data = merge(merge(BASE_STUDY, layer), override)
+    data = {k: v for k, v in data.items() if v is not None}
+    data["workdir"] = str(folder / "runs")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def cache_env(path: Path) -> dict[str, str]:
+    """The environment of a later process of a test: the compilation cache the study at `path`
+    filled (one test's processes run one after the other: no concurrent writers)."""
+    return {"SWEEP_COMPILATION_CACHE": str(path.parent / "runs" / "jax_cache")}
+
+
 def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, env: dict[str, str] | None = None,
                         rounds: int = 7) -> int:
     """Run the study and send it `signum` `rounds` times: first right after a line matching

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from conftest import BASE_STUDY, Running, interrupt_at_random, kill9, merge, run_cli, study_of
+from conftest import Running, cache_env, interrupt_at_random, kill9, run_cli, study_in, study_of
 from sweep.__main__ import main
 
 # Rungs at 100 and 200 of 400 steps, eta 2: with 5 trials some stay paused, some go on. One
@@ -37,19 +36,10 @@ ASHA: dict[str, Any] = {
 
 def _write(folder: Path, **override: Any) -> Path:
     """The study file of ASHA + `override` in `folder` (a key overridden with None is left out)."""
-    data = merge(merge(BASE_STUDY, ASHA), override)
-    data = {k: v for k, v in data.items() if v is not None}
-    data["workdir"] = str(folder / "runs")
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return study_in(folder, ASHA, **override)
 
 
-def _cache(path: Path) -> dict[str, str]:
-    """The environment of a later process of these tests: the compilation cache the uninterrupted
-    run filled (one test's processes run one after the other: no concurrent writers)."""
-    return {"SWEEP_COMPILATION_CACHE": str(path.parent / "runs" / "jax_cache")}
+_cache = cache_env  # the compilation cache the uninterrupted run filled
 
 
 def _history(path: Path) -> list[tuple[Any, ...]]:

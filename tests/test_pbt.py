@@ -16,7 +16,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import BASE_STUDY, Running, interrupt_at_random, merge, run_cli, study_of
+from conftest import Running, cache_env, interrupt_at_random, run_cli, study_in, study_of
 from sweep.__main__ import main
 
 # Two populations of 3 (trials 0-2, 3-5), pausing at 50, 100 and 150 of 200 steps: at each, the
@@ -35,17 +35,11 @@ PBT: dict[str, Any] = {
 
 
 def _write(folder: Path, **override: Any) -> Path:
-    data = merge(merge(BASE_STUDY, PBT), override)
-    data = {k: v for k, v in data.items() if v is not None}
-    data["workdir"] = str(folder / "runs")
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    """The study file of PBT + `override` in `folder` (a key overridden with None is left out)."""
+    return study_in(folder, PBT, **override)
 
 
-def _cache(path: Path) -> dict[str, str]:
-    return {"SWEEP_COMPILATION_CACHE": str(path.parent / "runs" / "jax_cache")}
+_cache = cache_env  # the compilation cache the uninterrupted run filled
 
 
 def _folder(path: Path, number: int) -> Path:
