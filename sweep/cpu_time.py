@@ -4,8 +4,8 @@ besides the write's wall time.
 A save runs on the writer thread, on tensorstore's pool ("ts_pool_worker" threads: Orbax's array
 I/O) and on short-lived threads Orbax starts and joins for each save (its asyncio loops). Over a
 write: the writer's own thread and tensorstore's pool are measured by their per-thread CPU clocks,
-and the CPU of threads that ended meanwhile (the process's CPU that no living thread accounts for)
-is the write's too. Everything else (the training thread, XLA's pools, sweep's data prefetch,
+and the CPU of threads started meanwhile, and of those that ended meanwhile (the process's CPU that
+no living thread accounts for), is the write's too. Everything else (the training thread, XLA's pools, sweep's data prefetch,
 uploads, tracking) is not charged. No library reports CPU time by group of threads, so it is read
 here: Linux's per-thread CPU clock (clock_gettime of a thread's clock id, exact, no file to read)
 and /proc for the threads' names. Where either is missing (macOS), the meter reads nothing and
@@ -87,5 +87,8 @@ class Meter:
         (p0, before), (p1, after) = self._start, end
         spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}  # a new thread: all of it
         ended = (p1 - p0) - sum(spent.values())  # threads that ended meanwhile (Orbax's loops)
-        mine = sum(cpu for tid, cpu in spent.items() if tid == self.writer or _name(tid).startswith(WRITER_POOLS))
+        # A thread started during the write is the write's too: Orbax's per-save loops, one of
+        # them still listed while it exits after its join (a loaded machine: 0.2 s was missed so).
+        mine = sum(cpu for tid, cpu in spent.items()
+                   if tid == self.writer or tid not in before or _name(tid).startswith(WRITER_POOLS))
         return max(0.0, mine + max(0.0, ended))

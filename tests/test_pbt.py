@@ -188,12 +188,12 @@ def test_a_damaged_donor_checkpoint_is_never_copied(tmp_path):
             decision = pbt.decide(session.config, members, 1000)
             worst = max(decision, key=lambda k: members[int(k)].intermediate_values[1000])
             first, second = decision[worst]["donors"]
-            victim = max((f for f in (_folder(path, first) / "1000").rglob("*") if f.is_file()),
-                         key=lambda f: f.stat().st_size)
-            with open(victim, "r+b") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(size // 2)
-                f.write(bytes(16))
+            # every array data file, bytes flipped (overwriting with zeros may change nothing: the
+            # middle of a file can be zeros already)
+            for victim in (_folder(path, first) / "1000" / "default").rglob("d/*"):
+                raw = bytearray(victim.read_bytes())
+                raw[len(raw) // 2] ^= 0xFF
+                victim.write_bytes(bytes(raw))
     finally:
         session.close()
     assert proc.finish() == 0, proc.stderr

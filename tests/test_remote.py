@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import optuna
 import pytest
 import yaml
 
@@ -152,23 +153,28 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
     a, b, c = study_file("a"), study_file("b"), study_file("c")
     env_a = {**os.environ, "SWEEP_HOST": "host-a"}
     proc = Running("run", a, cwd=a.parent, env=env_a)
-    proc.wait_for(r"trial 1: started")
+    proc.wait_for(r"trial 0: started")
     deadline = time.monotonic() + 300
-    tier = None
-    while time.monotonic() < deadline:  # until a step of trial 1 is in the bucket (polled gently: the
-        try:                            # uploads run at a low priority beside training)
+    tier, taken = None, None
+    # Until a trial still RUNNING has a step in the bucket (polled gently: the uploads run at a low
+    # priority beside training, and lagged a whole trial behind on a loaded machine, where the
+    # clean-clone run found trial 1 finished before its first step was there).
+    while taken is None and time.monotonic() < deadline and proc.proc.poll() is None:
+        try:
             tier = tier or tier_of(bucket_prefix, f"sqlite:///{shared / 'study.db'}", "t")
-            if tier.steps("trial_0001"):
-                break
+            running = [t.number for t in optuna.load_study(study_name="t", storage=f"sqlite:///{shared / 'study.db'}")
+                       .get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+            taken = next((n for n in running if tier.steps(f"trial_{n:04d}")), None)
         except Exception:  # noqa: BLE001 - the study or its attribute not there yet
             pass
         time.sleep(0.1)
-    kill9(proc)  # trial 1 is training on, its next step uploading or queued
+    assert taken is not None, proc.stderr
+    kill9(proc)  # the trial is training on, its next step uploading or queued
     shutil.rmtree(tmp_path / "a")  # the machine is gone with its disk
 
     again = Running("run", b, cwd=b.parent, env={**os.environ, "SWEEP_HOST": "host-b"})
     assert again.finish() == 0, again.stderr
-    assert "trial 1: fetched step" in again.stderr, again.stderr
+    assert f"trial {taken}: fetched step" in again.stderr, again.stderr
     assert cli_snapshot(b) == reference(**settings)
 
     out = tmp_path / "c-export"
