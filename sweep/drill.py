@@ -178,14 +178,19 @@ def drill(config: Config, seed: int | None = None, keep: bool = False) -> DrillR
         sessions.append(ref_session)
         _run(reference)
         ref = _finished_trial(ref_session)
-        drilled, session = _copy(config, root, "drill")
-        sessions.append(session)
-        ckpt_dir = session.config.checkpoint_dir(0)
-        victim = _Watched(drilled)
-        _kill_after(victim, session, kill_at, ckpt_dir, evals[-1])
-        killed_time = time.time()
-        victim.proc.wait()
-        killed_step = max(_finished_trial(session).intermediate_values)
+        for attempt in range(3):
+            # A kill that lands after the trial's last step (a fast trial, a loaded machine: the
+            # clean-clone run saw one aimed at 1300 land at 2000) proves nothing: a fresh copy again.
+            drilled, session = _copy(config, root, f"drill{attempt or ''}")
+            sessions.append(session)
+            ckpt_dir = session.config.checkpoint_dir(0)
+            victim = _Watched(drilled)
+            _kill_after(victim, session, kill_at, ckpt_dir, evals[-1])
+            killed_time = time.time()
+            victim.proc.wait()
+            killed_step = max(_finished_trial(session).intermediate_values)
+            if killed_step < study.train.steps:
+                break
         saved = newest_step(ckpt_dir)
         saved_time = (ckpt_dir / str(saved)).stat().st_mtime if saved is not None else None
         restart = _Watched(drilled)
