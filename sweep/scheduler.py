@@ -118,7 +118,9 @@ def _finished(session: Session) -> set[int]:
 
 
 def _others_running(session: Session) -> bool:
-    return bool(session.live_numbers(session.running()))
+    """A trial is RUNNING: a live worker's, or an orphan the next pass adopts (its owner's lease
+    can run out between that pass's look and this one: a frozen host's trial was left so)."""
+    return bool(session.running())
 
 
 def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
