@@ -225,7 +225,7 @@ def cache_env(path: Path) -> dict[str, str]:
 def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, env: dict[str, str] | None = None,
                         rounds: int = 7) -> int:
     """Run the study and send it `signum` `rounds` times: first right after a line matching
-    `first`, then at a random moment (seeded) within a second of a trial starting, going on,
+    `first`, then at a random moment (seeded) within 0.4 s of a trial starting, going on,
     resuming or training again; stops early once a run finishes by itself. The interruptions."""
     rng = random.Random(seed)
     kills = 0
@@ -236,7 +236,7 @@ def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, en
         except AssertionError:  # finished before: nothing left to interrupt
             assert proc.finish() == 0, proc.stderr
             break
-        time.sleep(0 if kills == 0 else rng.uniform(0.0, 1.0))
+        time.sleep(0 if kills == 0 else rng.uniform(0.0, 0.4))  # a short study ends within a second
         if proc.proc.poll() is not None:
             assert proc.finish() == 0, proc.stderr
             break
