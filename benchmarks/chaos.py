@@ -492,7 +492,7 @@ def _sample_disk(hosts: list[Host], name: str, report: dict[str, Any]) -> None:
     if time.monotonic() - _SAMPLED[0] < 1.0:
         return
     _SAMPLED[0] = time.monotonic()
-    from sweep.retention import folder_bytes
+    from sweep.checkpoints.retention import folder_bytes
 
     peak = report.setdefault("peak_checkpoint_bytes", {})
     for h in hosts:
@@ -534,7 +534,7 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
     keep = {f"trial_{t.number:04d}" for t in complete[:2]}
     local = {p.name for h in hosts for p in (h.folder / "runs" / name / "checkpoints").glob("trial_*")
              if any(s.name.isdigit() for s in p.iterdir())}
-    from sweep.remote import RemoteTier
+    from sweep.checkpoints.remote import RemoteTier
 
     env_saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                                 "AWS_DEFAULT_REGION")}
@@ -553,7 +553,7 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
                                else {"keep": sorted(keep), "local": sorted(local), "bucket": sorted(remote)})
     from pydantic import ByteSize, TypeAdapter
 
-    from sweep.retention import folder_bytes
+    from sweep.checkpoints.retention import folder_bytes
 
     cap = TypeAdapter(ByteSize).validate_python(MAX_DISK)
     used = {f"host-{h.index}": folder_bytes(h.folder / "runs" / name / "checkpoints") for h in hosts}

@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweep import config as config_lib  # noqa: E402
-from sweep import scheduler  # noqa: E402
-from sweep.session import Session  # noqa: E402
-from sweep.signals import StopSignal  # noqa: E402
+from sweep.host.signals import StopSignal  # noqa: E402
+from sweep.run import worker as scheduler  # noqa: E402
+from sweep.store.session import Session  # noqa: E402
+from sweep.study import config as config_lib  # noqa: E402
 
 
 class NoCheckpoints:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import harness
 
-from sweep import claims as claims_lib, scheduler
-from sweep.session import Session
-from sweep.signals import StopSignal
+from sweep.host.signals import StopSignal
+from sweep.run import worker as scheduler
+from sweep.store import claims as claims_lib
+from sweep.store.session import Session
 
 
 def trial_seconds(workdir: Path, storage: str | None, fenced: bool, counter: list[int]) -> float:

@@ -91,7 +91,7 @@ EOF
 "$PY" - <<'EOF'
 import statistics, time
 import jax, jax.numpy as jnp, numpy as np
-from sweep.checkpoints import host_copy
+from sweep.checkpoints.folder import host_copy
 state = {f"w{i}": jnp.ones((1024, 6400), jnp.float32) * i for i in range(4)}  # 4 x 26.2 MB
 jax.block_until_ready(state)
 host = {k: np.asarray(v) for k, v in state.items()}

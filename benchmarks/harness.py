@@ -12,7 +12,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sweep import config as config_lib  # noqa: E402
+from sweep.study import config as config_lib  # noqa: E402
 
 
 def quiet() -> None:

@@ -34,8 +34,8 @@ import jax
 import numpy as np
 import optax
 
-from sweep import integrity
-from sweep.checkpoints import TrialCheckpoints, host_copy
+from sweep.checkpoints import integrity
+from sweep.checkpoints.folder import TrialCheckpoints, host_copy
 from trials.digits_mlp import model
 
 

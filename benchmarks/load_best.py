@@ -25,7 +25,6 @@ from pathlib import Path
 import harness
 import yaml
 
-
 ENV = {**os.environ, "PYTHONPATH": str(harness.REPO)}
 
 

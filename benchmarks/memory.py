@@ -25,10 +25,10 @@ from pathlib import Path
 
 import harness
 
-from sweep import scheduler
-from sweep.compiled import FUNCTIONS
-from sweep.session import Session
-from sweep.signals import StopSignal
+from sweep.host.signals import StopSignal
+from sweep.run import worker as scheduler
+from sweep.store.session import Session
+from sweep.train.compiled import FUNCTIONS
 
 
 def rss_mb() -> float:

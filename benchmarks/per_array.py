@@ -20,8 +20,8 @@ from pathlib import Path
 import harness
 import numpy as np
 
-from sweep import packing
-from sweep.checkpoints import TrialCheckpoints
+from sweep.checkpoints import packing
+from sweep.checkpoints.folder import TrialCheckpoints
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ import optuna
 import orbax.checkpoint as ocp
 import yaml
 
-from sweep import scheduler
-from sweep.session import Session
-from sweep.signals import StopSignal
+from sweep.host.signals import StopSignal
+from sweep.run import worker as scheduler
+from sweep.store.session import Session
 
 SPACE = {"learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}}
 

@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sweep import runner
-from sweep.checkpoints import host_copy
-from sweep.kinds import takes_step
-from sweep.signals import StopSignal
-from sweep.state import initial_state, run_hyperparameters, trial_checkpoints
+from sweep.checkpoints.folder import host_copy
+from sweep.host.signals import StopSignal
+from sweep.train import loop as runner
+from sweep.train.state import initial_state, run_hyperparameters, trial_checkpoints
+from sweep.trial.kinds import takes_step
 
 TRIALS = {
     "digits_resnet": ("studies/digits_resnet.yaml", {"learning_rate": 0.01, "weight_decay": 1e-4, "width": 8}),

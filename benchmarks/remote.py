@@ -30,11 +30,11 @@ from pathlib import Path
 
 import harness
 
-from sweep import runner
-from sweep.ledger import RunLedger
-from sweep.remote import RemoteTier
-from sweep.signals import StopSignal
-from sweep.state import trial_checkpoints
+from sweep.checkpoints.remote import RemoteTier
+from sweep.host.signals import StopSignal
+from sweep.train import loop as runner
+from sweep.train.ledger import RunLedger
+from sweep.train.state import trial_checkpoints
 
 BUCKET = "sweep-bench"
 

@@ -21,8 +21,8 @@ import harness
 import jax
 import numpy as np
 
-from sweep.checkpoints import host_copy
-from sweep.state import initial_state, trial_checkpoints
+from sweep.checkpoints.folder import host_copy
+from sweep.train.state import initial_state, trial_checkpoints
 
 
 def main() -> None:

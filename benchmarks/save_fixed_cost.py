@@ -28,9 +28,10 @@ import harness
 import jax
 import numpy as np
 
-from sweep import checkpoints, integrity
-from sweep.checkpoints import host_copy
-from sweep.state import initial_state, trial_checkpoints
+from sweep.checkpoints import folder as checkpoints
+from sweep.checkpoints import integrity
+from sweep.checkpoints.folder import host_copy
+from sweep.train.state import initial_state, trial_checkpoints
 
 PHASES: dict[str, list[float]] = defaultdict(list)
 

@@ -18,9 +18,9 @@ import harness
 import jax
 import numpy as np
 
-from sweep import integrity
-from sweep.checkpoints import host_copy
-from sweep.state import initial_state, trial_checkpoints
+from sweep.checkpoints import integrity
+from sweep.checkpoints.folder import host_copy
+from sweep.train.state import initial_state, trial_checkpoints
 
 
 def _sizes(paths: list[Path]) -> tuple[int, int]:

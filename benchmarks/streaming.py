@@ -27,8 +27,8 @@ import harness
 import numpy as np
 
 import sweep
-from sweep import stream
-from sweep.checkpoints import TrialCheckpoints
+from sweep.checkpoints.folder import TrialCheckpoints
+from sweep.train import stream
 
 
 def study(kind: str, workdir: Path, data_dir: Path, args: argparse.Namespace) -> dict:
@@ -82,9 +82,9 @@ def main() -> None:
     print(f"steps/s stream/memory: {ratio:.3f}  (target >= 0.9)")
 
     # the iterator state in a checkpoint: bytes on disk and save time, same state without it
-    from trials import digits_mlp  # noqa: F401 (the state's shapes: the same MLP)
     import jax
 
+    from trials import digits_mlp  # noqa: F401 (the state's shapes: the same MLP)
     from trials.digits_mlp import model
 
     params = model({"hidden": args.hidden, "depth": args.depth}).init(jax.random.PRNGKey(0), np.zeros((1, 64)))

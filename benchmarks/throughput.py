@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import optax
 
-from sweep.compiled import FUNCTIONS, traced_names
-from sweep.state import initial_state
+from sweep.train.compiled import FUNCTIONS, traced_names
+from sweep.train.state import initial_state
 
 
 def main() -> None:

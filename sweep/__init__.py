@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sweep.errors import (CheckpointsRemoved, ConfigError, DiskFault, Interrupted, StudyNotFound, SweepError,
-                          UsageError)
+from sweep.errors import CheckpointsRemoved, ConfigError, DiskFault, Interrupted, StudyNotFound, SweepError, UsageError
 
 if TYPE_CHECKING:
     from sweep.api import StudySession
-    from sweep.best import LoadedTrial
+    from sweep.commands.best import LoadedTrial
 
 __version__ = "0.1.0"
 __all__ = ["CheckpointsRemoved", "ConfigError", "DiskFault", "Interrupted", "LoadedTrial", "StudyNotFound",
@@ -33,7 +32,7 @@ def open(study: Any) -> StudySession:  # noqa: A001 (like io.open)
 
 def load_export(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(params, meta) of an exported trial (see `python -m sweep export`); needs no JAX."""
-    from sweep.export_format import load_export as _load
+    from sweep.commands.export_format import load_export as _load
 
     return _load(path)
 
@@ -41,7 +40,7 @@ def load_export(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def load_variables(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(variables, meta) of an exported trial: {"params": ..., "batch_stats": ...} for Flax's
     `model.apply(variables, x)`; needs no JAX."""
-    from sweep.export_format import load_variables as _load
+    from sweep.commands.export_format import load_variables as _load
 
     return _load(path)
 
@@ -50,14 +49,14 @@ def epoch_batch(key: Any, step: Any, size: int, batch_size: int) -> Any:
     """Indices of step `step`'s batch when every epoch visits all `size` examples once in a random
     order (a permutation per epoch, drawn from `key` and the epoch number; the last incomplete
     batch of an epoch is dropped). For `batch(hp, data, key, step)`; works on traced steps."""
-    from sweep.data import epoch_batch as _batch
+    from sweep.trial.data import epoch_batch as _batch
 
     return _batch(key, step, size, batch_size)
 
 
 def load_best(study_file: Any, trial: int | None = None) -> LoadedTrial:
     """The full training state of a trial's best checkpoint (default: the study's best trial)."""
-    from sweep.best import load_best as _load
+    from sweep.commands.best import load_best as _load
 
     return _load(study_file, trial)
 
@@ -69,7 +68,7 @@ def __getattr__(name: str) -> Any:
 
         return StudySession
     if name == "LoadedTrial":
-        from sweep.best import LoadedTrial
+        from sweep.commands.best import LoadedTrial
 
         return LoadedTrial
     raise AttributeError(f"module 'sweep' has no attribute {name!r}")

@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from sweep import api, logs
+    from sweep import api
+    from sweep.run import logs
 
     with api.open(args.study_file) as session:
         logs.setup()
@@ -82,12 +83,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sweep import api, workers
+    from sweep import api
+    from sweep.run import pool as workers
 
     if isinstance(args.n_jobs, int) and args.n_jobs < 1:
         raise UsageError(f"--n-jobs: must be >= 1, got {args.n_jobs}")
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
-    from sweep.summary import no_complete_trial
+    from sweep.commands.summary import no_complete_trial
 
     try:
         with api.open(args.study_file) as session:
@@ -115,7 +117,9 @@ def _open(args: argparse.Namespace) -> Any:
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
-    from sweep import api, config as config_lib, continuation
+    from sweep import api
+    from sweep.commands import continuation
+    from sweep.study import config as config_lib
 
     config = config_lib.load(args.study_file)
     with api.StudySession(continuation.start(config, args.steps, args.top, args.trial)) as session:
@@ -126,13 +130,13 @@ def _cmd_continue(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from sweep import status
+    from sweep.commands import status
 
     with _open(args) as session:
         report = session.status()
         changed = session._session.meaning_changes() if args.continued is None else []
     if changed:  # a reader still reads the study; the file is what `run` would refuse
-        from sweep.fingerprint import mismatch_warning
+        from sweep.study.fingerprint import mismatch_warning
 
         print(f"warning: {mismatch_warning(session.config, changed)}", file=sys.stderr)
     print(json.dumps(report, indent=1) if args.json else status.table(report, highlight=sys.stdout.isatty()))
@@ -142,7 +146,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sweep import logs
+    from sweep.run import logs
     from sweep.words import count
 
     with _open(args) as session:
@@ -162,7 +166,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sweep import logs
+    from sweep.run import logs
     from sweep.words import count
 
     with _open(args) as session:
@@ -179,7 +183,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from sweep import api, plan as plan_lib
+    from sweep import api
+    from sweep.run import plan as plan_lib
 
     with api.open(args.study_file) as session:
         found = session.plan()
@@ -188,7 +193,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from sweep import api, logs
+    from sweep import api
+    from sweep.run import logs
     from sweep.words import count
 
     with api.open(args.study_file) as session:
@@ -200,14 +206,14 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sweep.credentials import scrub
+    from sweep.study.credentials import scrub
 
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage; its code is 2 for errors, 0 for --help
         return int(exc.code or 0)
-    from sweep import logs
+    from sweep.run import logs
 
     logs.route_warnings(verbose=getattr(args, "verbose", False))
     try:
@@ -232,6 +238,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sweep.trial_guard import exit_now
+    from sweep.trial.guard import exit_now
 
     exit_now(main())  # not held up by threads a trial's code left running

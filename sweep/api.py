@@ -9,17 +9,17 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, cast
 
-from sweep import config as config_lib
-from sweep.config import Config
 from sweep.errors import UsageError
-from sweep.session import Session
+from sweep.store.session import Session
+from sweep.study import config as config_lib
+from sweep.study.config import Config
 
 if TYPE_CHECKING:
-    from sweep.best import LoadedTrial
+    from sweep.commands.best import LoadedTrial
+    from sweep.commands.drill import DrillReport
     from sweep.results import ExportIndex, StudyStatus
-    from sweep.drill import DrillReport
-    from sweep.plan import Plan
-    from sweep.replay import ReplayReport
+    from sweep.run.plan import Plan
+    from sweep.schedulers.replay import ReplayReport
 
 
 class StudySession:
@@ -57,7 +57,7 @@ class StudySession:
 
         Args:
             n_jobs: trials at once (default: the study's `parallel.n_jobs`); "auto": one per device
-                slot (sweep/slots.py).
+                slot (sweep/host/slots.py).
             quiet / verbose: sweep's log level (warnings only / library logs too).
             progress: show progress on stderr: a live table on a terminal, else a log line per
                 running trial every `log_every` seconds.
@@ -70,7 +70,8 @@ class StudySession:
                 more devices than the host has (nothing created).
             Interrupted: SIGTERM/SIGINT (in the main thread): running trials were checkpointed.
         """
-        from sweep import logs, slots
+        from sweep.host import slots
+        from sweep.run import logs
 
         config = self.config
         n_jobs = n_jobs if n_jobs is not None else config.study.parallel.n_jobs
@@ -88,12 +89,11 @@ class StudySession:
 
     def _run(self, n_jobs: int, worker_slots: list[Any] | None, quiet: bool, verbose: bool, progress: bool,
              log_every: float, _exit_on_signal: bool) -> None:
-        from sweep import progress as progress_lib
-        from sweep.samplers import check_config
-        from sweep.signals import StopSignal
-        from sweep.workers import dask_client, run_workers
-
-        from sweep import warm_start
+        from sweep.commands import progress as progress_lib
+        from sweep.host.signals import StopSignal
+        from sweep.run.pool import dask_client, run_workers
+        from sweep.store import warm_start
+        from sweep.store.samplers import check_config
 
         config = self.config
         check_config(config)
@@ -113,7 +113,7 @@ class StudySession:
             with view, client or contextlib.nullcontext():
                 run_workers(self._session, n_jobs, stop, quiet=quiet, verbose=verbose, client=client, slots=worker_slots)
             if config.study.logging.mlflow is not None:
-                from sweep.tracking import log_exports
+                from sweep.tracking.curves import log_exports
 
                 log_exports(self._session)  # each finished trial's best export, an artifact of its run
         finally:
@@ -128,8 +128,10 @@ class StudySession:
         """
         import logging
 
-        from sweep import fingerprint, plan as plan_lib, preflight
-        from sweep.samplers import sampler_notes
+        from sweep.run import plan as plan_lib
+        from sweep.run import preflight
+        from sweep.store.samplers import sampler_notes
+        from sweep.study import fingerprint
 
         try:
             plan = plan_lib.make(self._session)
@@ -153,8 +155,9 @@ class StudySession:
         Raises:
             ConfigError: the trial's code cannot train or evaluate, as `run` would.
         """
-        from sweep import plan as plan_lib, preflight
-        from sweep.samplers import check_config
+        from sweep.run import plan as plan_lib
+        from sweep.run import preflight
+        from sweep.store.samplers import check_config
 
         check_config(self.config)  # sampler/pruner arguments, as `run` checks them first
         plan = plan_lib.make(self._session)
@@ -164,45 +167,45 @@ class StudySession:
 
     def summary(self) -> str:
         """The end-of-run summary `run` prints (scores the best checkpoint on the test split once)."""
-        from sweep import summary
+        from sweep.commands import summary
 
         return summary.text(self._session.open(create=False))
 
     def status(self) -> StudyStatus:
         """The `status --json` object (every field: docs/reference.md). Reads only."""
-        from sweep import status
+        from sweep.commands import status
 
         return status.collect(self._session)
 
     def export(self, out: str | os.PathLike[str], trial: int | None = None,
                include_pruned: bool = False) -> ExportIndex:
         """Write every COMPLETE trial's best checkpoint (or only `trial`'s) to `out`; returns index.json."""
-        from sweep.export import export
+        from sweep.commands.export import export
 
         return export(self._session, Path(out), trial=trial, include_pruned=include_pruned)
 
     def plot(self, out: str | os.PathLike[str]) -> list[Path]:
         """Write the study's figures and every trial's learning curve; returns the files written."""
-        from sweep.plot import plot
+        from sweep.commands.plot import plot
 
         return plot(self._session, Path(out))
 
     def load_best(self, trial: int | None = None) -> LoadedTrial:
         """The full training state of a trial's best checkpoint (default: the study's best trial)."""
-        from sweep.best import load_trial
+        from sweep.commands.best import load_trial
 
         return load_trial(self._session, trial)
 
     def drill(self, seed: int | None = None, keep: bool = False) -> DrillReport:
         """The recovery drill on real processes (see `python -m sweep drill --help`)."""
-        from sweep.drill import drill
+        from sweep.commands.drill import drill
 
         return drill(self.config, seed=seed, keep=keep)
 
     def replay(self, trial: int | None = None) -> ReplayReport:
         """scheduler pbt: retrain trial `trial`'s lineage (default: the best) from scratch and
         compare its final state with the saved one (see `python -m sweep replay --help`)."""
-        from sweep.replay import replay
+        from sweep.schedulers.replay import replay
 
         return replay(self._session, trial)
 
@@ -217,7 +220,7 @@ class StudySession:
         Raises:
             UsageError: a chosen trial cannot be continued (named, with why).
         """
-        from sweep import continuation
+        from sweep.commands import continuation
 
         if (top is None) == (trials is None):
             raise UsageError("continue_: give exactly one of top or trials")
@@ -231,7 +234,7 @@ class StudySession:
         Raises:
             StudyNotFound: no trial was continued to `steps` steps.
         """
-        from sweep import continuation
+        from sweep.commands import continuation
 
         return StudySession(continuation.open_companion(self.config, steps))
 

@@ -33,7 +33,7 @@ class TrialStatus(TypedDict):
     values: NotRequired[Optional[dict[str, float]]]  # with several objectives
     pareto: NotRequired[bool]  # with several objectives
     remote_step: NotRequired[Optional[int]]  # with checkpoint.remote
-    lineage: NotRequired[list[dict[str, Any]]]  # with scheduler pbt: its exploits (sweep/pbt.py)
+    lineage: NotRequired[list[dict[str, Any]]]  # with scheduler pbt: its exploits (sweep/schedulers/pbt.py)
     params_in_force: NotRequired[dict[str, Any]]  # with scheduler pbt: the params it trains with now
 
 
@@ -66,7 +66,7 @@ class ExportEntry(TypedDict):
     train_loss: Optional[float]
     collections: list[str]
     continued_from: NotRequired[dict[str, Any]]  # a trial of a companion study (`continue`)
-    lineage: NotRequired[list[dict[str, Any]]]  # with scheduler pbt: its exploits (sweep/pbt.py)
+    lineage: NotRequired[list[dict[str, Any]]]  # with scheduler pbt: its exploits (sweep/schedulers/pbt.py)
     trial_module: str
     trial_source_sha256: str
     trial_source_file: str

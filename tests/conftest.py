@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import optuna
 import pytest
+import sqlalchemy as sa
 import yaml
+from optuna.trial import FrozenTrial
+
+from sweep.__main__ import main
+from sweep.checkpoints.remote import RemoteTier
+from sweep.errors import Interrupted
+from sweep.host.signals import StopSignal
+from sweep.run import worker as scheduler
+from sweep.store import claims
+from sweep.store.session import Session
+from sweep.study import config as config_lib
+from tests.trials.files import trial_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -191,8 +205,10 @@ def wait_for_checkpoint(ckpt_dir: Path, min_step: int, timeout: float = 300) -> 
     raise AssertionError(f"no checkpoint >= {min_step} in {ckpt_dir}")
 
 
-def checkpoint_dir(study_file: Path, number: int) -> Path:
-    return Path(yaml.safe_load(study_file.read_text())["workdir"]) / "checkpoints" / f"trial_{number:04d}"
+def checkpoint_dir(study: Path | dict[str, Any], number: int) -> Path:
+    """Trial `number`'s checkpoint folder, of a study file or of an in-process study's dict."""
+    workdir = study["workdir"] if isinstance(study, dict) else yaml.safe_load(study.read_text())["workdir"]
+    return Path(workdir) / "checkpoints" / f"trial_{number:04d}"
 
 
 def kill_mid_trial(study_file: Path, number: int, min_step: int) -> list[int]:
@@ -255,13 +271,14 @@ def study_of(study_file: Path) -> optuna.Study:
     return optuna.load_study(study_name=data["name"], storage=storage)
 
 
-def snapshot(study_file: Path) -> list[tuple[Any, ...]]:
-    """Everything that must be bit-identical between an interrupted and an uninterrupted study."""
-    return [
-        (t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
-         t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"))
-        for t in sorted(study_of(study_file).trials, key=lambda t: t.number)
-    ]
+def snapshot(study: Path | dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Everything that must be bit-identical between an interrupted and an uninterrupted study: of a
+    study file (the CLI's) or of an in-process study's dict."""
+    found = trials(study) if isinstance(study, dict) else sorted(study_of(study).trials, key=lambda t: t.number)
+    return [(t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
+             t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"),
+             t.user_attrs.get("metrics"))
+            for t in found]
 
 
 @pytest.fixture(scope="session")
@@ -306,3 +323,270 @@ def postgres_url() -> Any:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
 
+
+# --- The in-process tiny study: the fast tier's trial, run by `scheduler.run` in this process ---
+
+# The trial module is imported once per process (module cache): a name no other test file uses.
+# tests/trials/linear.py with MARKERS: marker files in the current directory steer its evaluation,
+# `fault` makes the next one raise (and is removed, so a retry succeeds), `nan` makes every one
+# NaN. Without markers every study computes the same, so a run with a fault compares bit for bit
+# with the reference.
+TRIAL = "sched_linear"
+MARKED_TRIAL_SOURCE = trial_source("linear", MARKERS=True, METRICS=("val_loss",))
+STEPS = 40
+
+
+def make_study(root: Path, **override: Any) -> dict[str, Any]:
+    """A study of 3 trials of 40 steps (evaluated every 10, saved every 20) whose workdir is under root."""
+    study = {
+        "name": "sched",
+        "trial": TRIAL,
+        "workdir": str(root / "runs"),
+        "n_trials": 3,
+        "objective": {"metric": "val_loss", "direction": "minimize"},
+        "sampler": {"type": "tpe", "seed": 0},
+        "search_space": {"learning_rate": {"type": "float", "low": 1.0e-3, "high": 0.3, "log": True}},
+        "train": {"steps": STEPS, "eval_every": 10, "seed": 0},
+        "checkpoint": {"every_steps": 20, "keep_last": 2},
+    }
+    study.update(override)
+    return study
+
+
+def write_trial(root: Path) -> None:
+    (root / f"{TRIAL}.py").write_text(MARKED_TRIAL_SOURCE)
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path as the current directory, with the trial module in it (found there, as from the CLI)."""
+    write_trial(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def sweep_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
+    """caplog on the "sweep" logger, even after `sweep.run.logs.setup` (another test) stopped its propagation."""
+    monkeypatch.setattr(logging.getLogger("sweep"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="sweep")
+    return caplog
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sweep"]
+
+
+def watch_steps(session: Any, watch: Callable[[int, int], None]) -> None:
+    """Let `watch(number, step)` see every training window of the session's trials, after the session does (a
+    `sweep.open` StudySession or the internal Session)."""
+    internal = getattr(session, "_session", session)  # the progress meter is the internal session's
+    inner = internal.on_step
+
+    def both(number: int, step: int) -> None:
+        inner(number, step)
+        watch(number, step)
+
+    internal.on_step = both
+
+
+def run(study: dict[str, Any], stop: StopSignal | None = None,
+        on_step: Callable[[int, int], None] | None = None) -> None:
+    """`scheduler.run` of the study in this process; `on_step(number, step)` also sees every window."""
+    session = Session(config_lib.from_dict(study))
+    if on_step is not None:
+        watch_steps(session, on_step)
+    try:
+        scheduler.run(session, stop or StopSignal())
+    finally:
+        session.close()
+
+
+def run_interrupted(study: dict[str, Any], number: int, step: int) -> None:
+    """Run the study; as trial `number` passes `step`, stop as SIGTERM would (the handler's flag)."""
+    stop = StopSignal()
+
+    def on_step(n: int, s: int) -> None:
+        if n == number and s >= step:
+            stop.signum = signal.SIGTERM
+
+    with pytest.raises(Interrupted) as raised:
+        run(study, stop, on_step)
+    assert raised.value.signum == signal.SIGTERM
+
+
+def trials(study: dict[str, Any]) -> list[FrozenTrial]:
+    """The study's trials, read fresh from its storage, by number."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study['workdir']}/study.db", skip_compatibility_check=True,
+                                         skip_table_creation=True)
+    try:
+        found = optuna.load_study(study_name=study["name"], storage=storage).get_trials(deepcopy=True)
+    finally:
+        storage.engine.dispose()
+    return sorted(found, key=lambda t: t.number)
+
+
+def saved_steps(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def files(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file and folder under root: any write, delete or new file changes it."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def claim_rows(study: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """key -> (owner, heartbeat) of the study's trial claims."""
+    engine = sa.create_engine(f"sqlite:///{study['workdir']}/study.db")
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(claims.claims_table)).all()
+    finally:
+        engine.dispose()
+    return {r.key: (r.owner, r.heartbeat) for r in rows if r.key.startswith("trial:")}
+
+
+def forge_claim(study: dict[str, Any], number: int, owner: str, heartbeat: float) -> str:
+    """Make trial `number`'s claim row say that `owner` holds it, last renewed at `heartbeat`; its key."""
+    session = Session(config_lib.from_dict(study)).open(create=False)
+    try:
+        key = session.claims.key(number)
+        t = claims.claims_table
+        with session.storage.engine.begin() as conn:
+            conn.execute(t.delete().where(t.c.key == key))
+            conn.execute(t.insert().values(key=key, owner=owner, heartbeat=heartbeat))
+    finally:
+        session.close()
+    return key
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _jax_cache_config_restored() -> Iterator[None]:
+    """A study's run points JAX's process-wide persistent compilation cache at its workdir (with no
+    size or time threshold); later tests in this process must neither write there nor hit it."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches")
+    before = {name: getattr(jax.config, name) for name in names}
+    yield
+    compilation_cache.reset_cache()
+    for name, value in before.items():
+        jax.config.update(name, value)
+
+
+# --- from tests/test_api.py (shared with other test files) ---
+
+# Trial modules are imported once per process (module cache): each name here is used by no other
+# test file, and the hygiene tests take fresh names so that they import (and compile) anew.
+TRIAL_SOURCE = trial_source("linear")  # tests/trials/linear.py
+
+
+def sigterm_at(session: Any, number: int, step: int) -> None:
+    """As trial `number` passes `step`, deliver SIGTERM to the handler `run` installed (as the
+    interpreter would, in the main thread), once."""
+    fired: list[int] = []
+
+    def watch(n: int, s: int) -> None:
+        if n == number and s >= step and not fired:
+            fired.append(s)
+            handler = signal.getsignal(signal.SIGTERM)
+            assert isinstance(getattr(handler, "__self__", None), StopSignal), handler
+            handler(signal.SIGTERM, None)
+
+    watch_steps(session, watch)
+
+
+# --- from tests/run/test_workers.py (shared with other test files) ---
+
+def _loky_children(pid: int) -> list[int]:
+    """Pids of the loky worker processes whose parent is `pid`."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"popen_loky_posix" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+# --- from tests/commands/test_cli_output.py (shared with other test files) ---
+
+def write(study: dict[str, Any], root: Path, file: str = "study.yaml") -> Path:
+    path = root / file
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def cli(capsys: Any, *args: Any) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- from tests/checkpoints/test_remote.py (shared with other test files) ---
+
+BUCKET = "sweep-test"
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """An S3-compatible server on a free localhost port, with the standard environment pointing at it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        yield env["AWS_ENDPOINT_URL"]
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def tier_of(prefix: str, storage: str, name: str) -> RemoteTier:
+    """The remote tier of study `name`: its folder in the bucket is named by its identity."""
+    import optuna
+
+    return RemoteTier(prefix, optuna.load_study(study_name=name, storage=storage).user_attrs["remote_root"])
+
+
+# --- from tests/test_release_json.py (shared with other test files) ---
+
+def _conforms(doc: dict[str, Any], typed: Any, name: str) -> None:
+    """Every key of `doc` is a key of the TypedDict `typed`, and every required key of it is in `doc`."""
+    assert set(doc) <= set(typed.__annotations__), f"{name}: not in {typed.__name__}: {set(doc) - set(typed.__annotations__)}"
+    assert typed.__required_keys__ <= set(doc), f"{name}: {typed.__name__} requires {typed.__required_keys__ - set(doc)}"
+
+
+# --- from tests/train/test_ledger.py (shared with other test files) ---
+
+class Killed(BaseException):
+    """Not an Exception: no handler of sweep's sees it as a failure of the trial."""
+
+
+def run_killed(study: dict[str, Any], number: int, step: int) -> None:
+    def on_step(n: int, s: int) -> None:
+        if n == number and s >= step:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(study, on_step=on_step)

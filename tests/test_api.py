@@ -26,12 +26,9 @@ import pytest
 import yaml
 
 import sweep
-from sweep.signals import StopSignal
-from tests.trials.files import trial_source
+from conftest import TRIAL_SOURCE, sigterm_at, watch_steps
+from sweep.host.signals import StopSignal
 
-# Trial modules are imported once per process (module cache): each name here is used by no other
-# test file, and the hygiene tests take fresh names so that they import (and compile) anew.
-TRIAL_SOURCE = trial_source("linear")  # tests/trials/linear.py
 TRIAL = "api_linear"
 STEPS = 40
 REFERENCE_KEYS = {"number", "state", "params", "value", "best_step", "best_value", "last_step", "checkpoint_dir",
@@ -72,33 +69,6 @@ def handlers() -> tuple[Any, Any]:
     return signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
 
-def watch_steps(session: Any, watch: Callable[[int, int], None]) -> None:
-    """Let `watch(number, step)` see every training window of the session's trials, after the session does."""
-    internal = session._session  # the progress meter is the internal session's
-    inner = internal.on_step
-
-    def both(number: int, step: int) -> None:
-        inner(number, step)
-        watch(number, step)
-
-    internal.on_step = both
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _jax_cache_config_restored() -> Iterator[None]:
-    """A study's run points JAX's process-wide persistent compilation cache at its workdir (with no
-    size or time threshold); later tests in this process must neither write there nor hit it."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches")
-    before = {name: getattr(jax.config, name) for name in names}
-    yield
-    compilation_cache.reset_cache()
-    for name, value in before.items():
-        jax.config.update(name, value)
-
-
 @dataclasses.dataclass(frozen=True)
 class Finished:
     root: Path
@@ -134,19 +104,6 @@ def grace_timers() -> Iterator[Callable[[], list[threading.Timer]]]:
         timer.cancel()
 
 
-def sigterm_at(session: Any, number: int, step: int) -> None:
-    """As trial `number` passes `step`, deliver SIGTERM to the handler `run` installed (as the
-    interpreter would, in the main thread), once."""
-    fired: list[int] = []
-
-    def watch(n: int, s: int) -> None:
-        if n == number and s >= step and not fired:
-            fired.append(s)
-            handler = signal.getsignal(signal.SIGTERM)
-            assert isinstance(getattr(handler, "__self__", None), StopSignal), handler
-            handler(signal.SIGTERM, None)
-
-    watch_steps(session, watch)
 
 
 # --- run, status, export, load_best ----------------------------------------------------------------

@@ -6,7 +6,7 @@ import importlib.util
 import inspect
 
 from conftest import REPO
-from sweep.checkpoints import TrialCheckpoints
+from sweep.checkpoints.folder import TrialCheckpoints
 
 
 def test_no_checkpoints_stand_in_has_every_public_method_of_trial_checkpoints():

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import run_cli
 from doc_blocks import REPO, blocks, example, page_name, sweep_commands
 
 import sweep
-from sweep import config as config_lib
+from conftest import run_cli
 from sweep.__main__ import _parser
-from sweep.samplers import check_config
+from sweep.store.samplers import check_config
+from sweep.study import config as config_lib
 
 REFERENCE = (REPO / "docs" / "reference.md").read_text()
 EXAMPLE_STUDY = yaml.safe_load((REPO / "studies" / "digits_mlp.yaml").read_text())

@@ -9,8 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
 from doc_blocks import example as _example
+
+from conftest import REPO, run_cli
 
 README = (REPO / "README.md").read_text()
 

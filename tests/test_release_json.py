@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import REPO, cli_env
+from conftest import REPO, _conforms, cli_env
 
 pytestmark = pytest.mark.slow  # real CLI runs of two versions of sweep
 
@@ -135,7 +135,3 @@ def test_status_and_export_json_keep_every_field_of_the_previous_release(tmp_pat
         _conforms(entry, ExportEntry, "index.json trial")
 
 
-def _conforms(doc: dict[str, Any], typed: Any, name: str) -> None:
-    """Every key of `doc` is a key of the TypedDict `typed`, and every required key of it is in `doc`."""
-    assert set(doc) <= set(typed.__annotations__), f"{name}: not in {typed.__name__}: {set(doc) - set(typed.__annotations__)}"
-    assert typed.__required_keys__ <= set(doc), f"{name}: {typed.__name__} requires {typed.__required_keys__ - set(doc)}"

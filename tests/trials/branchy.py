@@ -2,8 +2,9 @@
 hyperparameter (learning_rate): it cannot be traced, so sweep makes it a constant and says so.
 Used by test_runner.py (branchy_trial)."""
 
-from trials.digits_mlp import *  # noqa: F401,F403
 from trials import digits_mlp as _base
+from trials.digits_mlp import *  # noqa: F401,F403
+
 
 def loss(hp, params, batch, key):
     # Python control flow on a float hyperparameter: it cannot be traced.

@@ -3,10 +3,11 @@ appends "<pid> <its CPU affinity>" to LOG in the current directory. Used by test
 processes trained: the cluster's workers, not the CLI) and test_workers.py (each worker's cores)."""
 
 import os
-from trials import digits_mlp
-from trials.digits_mlp import HYPERPARAMETERS, METRICS, data, init, optimizer, batch, evaluate, test  # noqa: F401
 
 import jax
+
+from trials import digits_mlp
+from trials.digits_mlp import HYPERPARAMETERS, METRICS, batch, data, evaluate, init, optimizer, test  # noqa: F401
 
 LOG = "steps.txt"  # in the current directory, one line per training step
 

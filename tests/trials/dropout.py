@@ -2,7 +2,10 @@
 nn.Dropout does: the compiled window makes only that hyperparameter static. A linear fit of
 x.sum(1). Used in-process by test_runner.py (dropout_trial_fb)."""
 
-import jax, jax.numpy as jnp, numpy as np, optax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
 HYPERPARAMETERS = {"learning_rate": 0.05, "dropout": 0.0}
 METRICS = ("val_loss",)

@@ -3,7 +3,9 @@
 training loss is non-finite within the first window). A linear fit of x.sum(1), full batch.
 Used by test_runner.py (flaky_trial, diverging_trial)."""
 
-import jax, jax.numpy as jnp, numpy as np, optax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
 HYPERPARAMETERS = {"mode": "ok", "learning_rate": 0.05}
 METRICS = ("val_loss",)

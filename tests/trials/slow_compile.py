@@ -2,7 +2,9 @@
 UNROLL iterations) while a step stays cheap: a signal can arrive mid-compile. A linear fit of
 x.sum(1). Used by test_signals.py (slow_compile_trial)."""
 
-import jax.numpy as jnp, numpy as np, optax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
 HYPERPARAMETERS = {"learning_rate": 0.05}
 METRICS = ("val_loss",)

@@ -5,7 +5,10 @@ x.sum(1). Used by test_runner.py (first_attempt_fails, stuck_trial)."""
 
 import time
 
-import jax, jax.numpy as jnp, numpy as np, optax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
 HYPERPARAMETERS = {"learning_rate": 0.05}
 METRICS = ("val_loss",)

@@ -1,0 +1,5 @@
+"""Checkpoints: one trial's folder (the only user of Orbax), integrity, packing, the committed
+steps, the study-wide disk budget, and the tiers behind the local folder.
+
+May import: sweep's top-level errors, words and results, and the families below it: host, trial, study, store.
+Never imports a family above it (tests/test_structure.py holds the order)."""

@@ -1,0 +1,5 @@
+"""Schedulers that pause, promote and exploit trials: asha, hyperband, pbt, and replay of a
+PBT lineage.
+
+May import: sweep's top-level errors, words and results, and the families below it: host, trial, study, store, checkpoints, train.
+Never imports a family above it (tests/test_structure.py holds the order)."""

@@ -1,0 +1,401 @@
+"""The study session: the one object that holds a study's Optuna side, and the Optuna boundary.
+
+A `Session` is built from a validated config. It alone opens the RDB storage, holds the Optuna
+study and its id, the claims, the checkpoint factory with the write budget, the progress sink
+and the compilation-cache folder; the scheduler, status, progress, export, plot, drill and best
+take the session. It, storage.py (opening the storage; narrow reads of Optuna's tables) and samplers.py
+(the restart-proof sampler) are the only modules that touch Optuna internals; each touch says why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.errors import StudyNotFound
+from sweep.store import rdb as storage_lib
+from sweep.store.claims import Claims
+from sweep.store.rdb import has_claims, initialised, load_study, open_storage, workdir_lock
+from sweep.store.record import (BEST_STEP, BEST_VALUE, EVAL_ATTR_PREFIX, LAST_STEP, WARM_START, is_warm_start,
+                                paused_rung)
+from sweep.study import fingerprint
+from sweep.study.config import Config
+
+if TYPE_CHECKING:  # JAX and Orbax load only where a trial's checkpoints are opened (status, plan need neither)
+    from sweep.checkpoints.folder import TrialCheckpoints, WriteBudget
+
+REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # never run again
+
+
+class Session:
+    """One study, opened: its config, storage, Optuna study, claims, checkpoints and progress.
+
+    Build with `Session(config)`, then `open(create)`; `sweep.open(...)` is the public way in.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.write_budget: WriteBudget | None = None  # shared by this process's trials of the study
+        # trial number -> current step of the trials training in this process (the progress
+        # view's per-step resolution; reports come only every eval_every steps).
+        self.steps: dict[int, int] = {}
+        # trial number -> steps per second, timed by the runner from the end of its first window
+        # (which includes the compilation) on; a trial in `steps` without a rate is compiling.
+        self.rates: dict[int, float] = {}
+        self._timed_from: dict[int, tuple[float, int]] = {}
+        self._steps_lock = threading.Lock()
+        self._storage: optuna.storages.RDBStorage | None = None
+        self._study: optuna.Study | None = None
+        self._study_id: int | None = None
+        self._claims: Claims | None = None
+        self._remote: Any = None  # sweep.checkpoints.remote.RemoteTier, made on first use
+        # Trials this process told finished (claims released; an upload queued for one may find no holder).
+        self.finished_here: set[int] = set()
+        self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (sweep/store/enqueue.py)
+        self.start_plan: Any = None  # the plan `run` checked just now: its start-up lines (read once)
+
+    # --- opening -------------------------------------------------------------------------------
+
+    def open(self, create: bool) -> Session:
+        """Open (or, if `create`, create) the study. Idempotent.
+
+        Raises:
+            SweepError: the storage cannot be opened, or (not `create`) the study does not exist.
+        """
+        if self._study is not None:
+            return self
+        config = self.config
+        storage = open_storage(config, create)
+        try:
+            if create:
+                with workdir_lock(config):
+                    Claims.create_table(storage.engine)
+            study = load_study(config, storage, create)
+            study_id = storage.get_study_id_from_name(config.name)
+        except BaseException:
+            storage.engine.dispose()
+            raise
+        self._storage, self._study, self._study_id = storage, study, study_id
+        self._claims = Claims(storage.engine, self._study_id, config.study.parallel.lease_grace_seconds,
+                              outages=storage.outages)
+        return self
+
+    def open_existing(self) -> bool:
+        """Open the study if it exists, creating nothing; False if it does not (yet)."""
+        if not initialised(self.config):
+            return False
+        try:
+            self.open(create=False)
+        except StudyNotFound:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._remote is not None:
+            self._remote.close()  # after its queued uploads (a finished run waited for them)
+            self._remote = None
+        if self._storage is not None:
+            self._storage.engine.dispose()
+        self._storage = self._study = self._claims = None
+        self._study_id = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._study is not None
+
+    @property
+    def storage(self) -> optuna.storages.RDBStorage:
+        """The raw RDB storage. optuna.Study wraps it in a cache that, on its first read, loads every
+        trial (~1.9 s for 2,000 trials here) whatever states were asked for; this one filters in SQL."""
+        assert self._storage is not None, "open() the session first"
+        return self._storage
+
+    @property
+    def study(self) -> optuna.Study:
+        assert self._study is not None, "open() the session first"
+        return self._study
+
+    @property
+    def study_id(self) -> int:
+        assert self._study_id is not None, "open() the session first"
+        return self._study_id
+
+    @property
+    def claims(self) -> Claims:
+        assert self._claims is not None, "open() the session first"
+        return self._claims
+
+    # --- trials --------------------------------------------------------------------------------
+
+    def trials(self, states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
+        """Frozen trials (shared, do not modify), by number."""
+        found = self.storage.get_all_trials(self.study_id, deepcopy=False,
+                                            states=tuple(states) if states is not None else None)
+        # Warm-start observations (sweep/store/warm_start.py) are the sampler's alone: never sweep's trials.
+        return sorted((t for t in found if not is_warm_start(t)), key=lambda t: t.number)
+
+    def running(self) -> list[FrozenTrial]:
+        return self.trials((TrialState.RUNNING,))
+
+    def trial(self, number: int) -> FrozenTrial:
+        """Trial `number`, read fresh from the storage."""
+        return self.storage.get_trial(self._trial_id(number))
+
+    def _trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def trial_states(self) -> dict[int, TrialState]:
+        """number -> state of every trial, in one narrow query (no params, attributes or reports)."""
+        rows = self.storage.outages.call(lambda: storage_lib.trial_states(self.storage.engine, self.study_id,
+                                                                          WARM_START), what="reading trial states")
+        return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
+
+    def records(self, states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
+        """Like `trials`, read narrowly: of a finished trial's `eval:<step>` attributes and reports
+        only those at its best step (a trial without best_step, best_value and last_step comes whole).
+        status's reader: it shows no other step."""
+        found = self.storage.outages.call(lambda: storage_lib.read_trials(
+            self.storage.engine, self.study_id, states, EVAL_ATTR_PREFIX, (BEST_STEP, BEST_VALUE, LAST_STEP)),
+            what="reading trials")
+        return sorted((t for t in found if not is_warm_start(t)), key=lambda t: t.number)
+
+    def trial_attrs(self, *keys: str) -> dict[int, dict[str, Any]]:
+        """number -> {key: value} of the user attributes `keys` of every trial, in one narrow query."""
+        return self.storage.outages.call(lambda: storage_lib.user_attr_values(
+            self.storage.engine, self.study_id, keys, WARM_START), what="reading trial attributes")
+
+    def n_trials_all(self) -> int:
+        """Every trial of the study, warm-start observations too (Optuna's get_n_trials loads them all)."""
+        return self.storage.outages.call(lambda: storage_lib.count_trials(self.storage.engine, self.study_id),
+                                         what="counting trials")
+
+    def best_trial(self) -> FrozenTrial | None:
+        """The best COMPLETE trial, read alone (with constraints: the best feasible one); None if
+        there is none. With several objectives: the Pareto-optimal trial best by the first one."""
+        study = self.config.study
+        if study.multi_objective or study.constraints or study.warm_start is not None:
+            from sweep.study.constraints import feasible
+
+            front = set(self.pareto_numbers()) if study.multi_objective else None
+            found = [t for t in self.records((TrialState.COMPLETE,)) if (t.number in front if front is not None
+                                                                         else not study.constraints or feasible(t))]
+            best = min(found, key=lambda t: (study.objective.sign * t.values[0], t.number), default=None)
+            return self.trial(best.number) if best is not None else None  # whole, eval rows too
+        try:
+            return self.storage.get_best_trial(self.study_id)
+        except ValueError:
+            return None
+
+    def pareto_numbers(self) -> list[int]:
+        """Numbers of the COMPLETE trials on the Pareto front (a multi-objective study): those no
+        other trial dominates, feasible ones only (Optuna's `study.best_trials` rule)."""
+        from sweep.study.objectives import pareto
+
+        return pareto(self.records((TrialState.COMPLETE,)), self.config.study.all_objectives)
+
+    def live_numbers(self, trials: Sequence[FrozenTrial]) -> set[int]:
+        """Numbers of the RUNNING trials among `trials` whose worker is alive (claims)."""
+        running = [t for t in trials if t.state == TrialState.RUNNING]
+        if not running or not has_claims(self.storage.engine):  # a study not run by sweep
+            return set()
+        live = self.claims.live_numbers(t.number for t in running)
+        # Claims of workers of the previous release were keyed by Optuna's internal trial id: a
+        # worker of that release may still be training during an upgrade.
+        legacy = {f"trial:{t._trial_id}": t.number for t in running}
+        return live | {legacy[k] for k in self.claims.live_owners(legacy)}
+
+    def ask(self) -> optuna.Trial:
+        """`study.ask()`: the oldest WAITING trial (enqueued), else a new one. With a scheduler,
+        never a paused trial (WAITING too, sweep/schedulers/asha.py), which Optuna's `ask` would pop like any
+        other: the WAITING trials are read afresh here and the paused ones left alone."""
+        if self.config.study.scheduler is None:
+            return self.study.ask()
+        for t in self.trials((TrialState.WAITING,)):
+            if paused_rung(t) is None and self.set_state(t.number, TrialState.RUNNING):
+                trial_id = t._trial_id  # the id Optuna's Trial takes (study.ask pops it alike)
+                break
+        else:
+            # What study.ask does past its pop: the trial through the study's cached storage,
+            # whose trial cache the study's readers use.
+            trial_id = self.study._storage.create_new_trial(self.study_id)  # noqa: SLF001
+        self.study._thread_local.cached_all_trials = None  # noqa: SLF001 - study.ask resets it too
+        return optuna.Trial(self.study, trial_id)
+
+    def set_trial_attr(self, number: int, key: str, value: Any) -> None:
+        """Set a user attribute of unfinished trial `number`, a WAITING one too (which has no
+        `optuna.Trial` to set it through)."""
+        self.storage.set_trial_user_attr(self._trial_id(number), key, value)
+
+    def set_state(self, number: int, state: TrialState, value: float | None = None) -> bool:
+        """Set trial `number`'s state (and value) in one storage write; False where Optuna refuses:
+        RUNNING is only set on a WAITING trial (atomic: the row is locked), a finished trial is never
+        changed. Optuna's `tell` cannot finish a WAITING trial, nor put a RUNNING one back to WAITING."""
+        try:
+            return self.storage.set_trial_state_values(self._trial_id(number), state,
+                                                       None if value is None else [value])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+
+    def seed_number(self, number: int) -> int:
+        """The trial number whose keys and data order trial `number` uses (its own)."""
+        return number
+
+    def prepare_trial(self, number: int, trial: optuna.Trial, folder: Path) -> bool:
+        """Before trial `number` runs (also when adopted): anything it needs first; True if it
+        changed the trial's record. Nothing here (a continuation carries its history over)."""
+        return False
+
+    def handle(self, number: int) -> optuna.Trial:
+        """An `optuna.Trial` for an existing RUNNING trial (to adopt it: report, suggest, tell).
+        Optuna has no API to re-attach to a trial another process asked for; its constructor,
+        documented as not for direct use, is what `study.ask` itself calls."""
+        return optuna.Trial(self.study, self._trial_id(number))
+
+    # --- what the study was started with ----------------------------------------------------------
+
+    def meaning_changes(self) -> list[tuple[str, Any, Any]]:
+        """How the study file's trial-defining keys differ from the ones the study was started
+        with ([] for a study started before sweep recorded them)."""
+        from sweep.store.samplers import unusable_argument
+
+        stored = self.storage.get_study_user_attrs(self.study_id).get(fingerprint.STUDY_ATTR)
+        found = fingerprint.changes(stored, fingerprint.meaning(self.config)) if stored is not None else []
+        # The way out of an argument that never worked (constraints_func: "mod:fn"): drop it.
+        return [c for c in found if not (c[2] is fingerprint.ABSENT and unusable_argument(self.config, c[0], c[1]))]
+
+    def check_unchanged(self) -> None:
+        """Raise the exit-2 refusal if the study file changed keys that define what trials mean."""
+        found = self.meaning_changes()
+        if found:
+            raise fingerprint.refusal(self.config, self.config.storage, found)
+
+    def stored_code(self) -> dict[str, str] | None:
+        return self.storage.get_study_user_attrs(self.study_id).get(fingerprint.CODE_ATTR)
+
+    def record_fingerprint(self) -> None:
+        """Store the study file's trial-defining keys (once) and the trial module's fingerprint
+        (whenever it changed), as study user attributes; refuse a changed file."""
+        self.check_unchanged()
+        attrs = self.storage.get_study_user_attrs(self.study_id)
+        if fingerprint.STUDY_ATTR not in attrs:
+            self.set_study_attr(fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
+            self.check_unchanged()  # another worker may have stored its file first
+        code = fingerprint.code(self.config)
+        if attrs.get(fingerprint.CODE_ATTR) != code:
+            self.set_study_attr(fingerprint.CODE_ATTR, code)
+        if REMOTE_ROOT_ATTR not in attrs:  # the study's folder in a bucket, should it ever use one
+            import uuid
+
+            self.set_study_attr(REMOTE_ROOT_ATTR, f"{self.config.name}-{uuid.uuid4().hex[:12]}")
+
+    def set_study_attr(self, key: str, value: Any) -> None:
+        """Set a study user attribute that several workers may set at once: Optuna inserts the row
+        when it finds none, so a racing worker's insert fails on the unique key; theirs stands."""
+        try:
+            self.storage.set_study_user_attr(self.study_id, key, value)
+        except Exception:
+            if key not in self.storage.get_study_user_attrs(self.study_id):
+                raise
+
+    # --- checkpoints, progress, compiled code ---------------------------------------------------
+
+    def checkpoints(self, number: int, directory: Path, read_only: bool = False,
+                    fence: Callable[[], None] | None = None,
+                    on_commit: Callable[[int], None] | None = None) -> TrialCheckpoints:
+        """Trial `number`'s checkpoint folder, sharing this session's write budget; `fence` is
+        called before each write (it raises if this worker no longer holds the trial); `on_commit`
+        with each step once it is durable (on the checkpoint writer's thread)."""
+        from sweep.checkpoints import retention
+        from sweep.checkpoints.folder import WriteBudget
+        from sweep.train.state import trial_checkpoints
+
+        if self.write_budget is None:
+            self.write_budget = WriteBudget()
+
+        def room(step: int, needed: int) -> None:
+            retention.make_room(self, number, step, needed, directory)
+
+        remote = self.remote if not read_only else None  # readers download for themselves (best.py)
+        upload_fence = self.upload_fence(number) if fence is not None else None
+        if remote is not None:
+            remote.fetch_missing(directory, f"trial {number}")  # a new host resumes from the bucket
+
+        def committed(step: int) -> None:
+            if remote is not None:
+                remote.upload(directory, step, upload_fence)
+            if on_commit is not None:
+                on_commit(step)
+
+        ckpt = trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence,
+                                 room=room if self.config.study.checkpoint.max_disk is not None else None,
+                                 on_commit=committed if remote is not None or on_commit is not None else None)
+        if remote is not None:
+            remote.upload_missing(directory, upload_fence)  # what a kill or an outage kept from the bucket
+        return ckpt
+
+    def upload_fence(self, number: int) -> Callable[[], None]:
+        """The fence of trial `number`'s uploads: an upload may outlast the trial (its claim is
+        released when this process finished it), so a missing holder passes for such a trial;
+        another worker's claim never does."""
+        def fence() -> None:
+            self.claims.check(self.claims.key(number), f"trial {number}",
+                              released_is_mine=number in self.finished_here)
+
+        return fence
+
+    @property
+    def remote(self) -> Any:
+        """The study's remote tier (sweep.checkpoints.remote.RemoteTier), or None without checkpoint.remote.
+
+        Its folder in the bucket is named by the study's identity (`remote_root`), not by its name
+        alone: a study deleted and created again under the same name must not find the old one's
+        checkpoints (a fresh trial 0 would resume from them)."""
+        url = self.config.study.checkpoint.remote
+        if url is not None and self._remote is None:
+            from sweep.checkpoints.remote import RemoteTier
+
+            root = self.storage.get_study_user_attrs(self.study_id).get(REMOTE_ROOT_ATTR, self.config.name)
+            self._remote = RemoteTier(url, root)
+        return self._remote
+
+    def remote_steps(self, numbers: Iterable[int]) -> dict[int, list[int]] | None:
+        """Trial number (of `numbers`) -> its committed steps in the bucket, ascending, from one
+        listing; None without checkpoint.remote or where the bucket cannot be read (readers then
+        show what is local)."""
+        if self.remote is None:
+            return None
+        try:
+            found = self.remote.all_steps()
+        except Exception:  # noqa: BLE001 - the network, the endpoint, credentials
+            return None
+        return {n: found[name] for n in numbers if (name := self.config.checkpoint_dir(n).name) in found}
+
+    def on_step(self, number: int, step: int) -> None:
+        """The runner's progress callback: at the start (the step it starts from), after every
+        training window, and with `step` -1 when the trial stopped running here."""
+        now = time.monotonic()
+        with self._steps_lock:
+            if step < 0:
+                for table in (self.steps, self.rates, self._timed_from):
+                    table.pop(number, None)
+                return
+            if number in self.steps and step > self.steps[number]:
+                t0, s0 = self._timed_from.setdefault(number, (now, step))  # the first window ends
+                if step > s0 and now > t0:
+                    self.rates[number] = (step - s0) / (now - t0)
+            self.steps[number] = step
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.config.cache_dir
+
+    def use_compilation_cache(self) -> None:
+        from sweep.train.compile_events import use_compilation_cache
+
+        use_compilation_cache(self.cache_dir)

@@ -1,0 +1,81 @@
+"""The study file's rules beyond its schema: the storage URL parses, the warm-start study is
+another file, and the trial module imports, speaks the protocol and declares every name the file
+uses (hyperparameters, metrics). Called by sweep.study.config after the schema holds; `study` is its
+StudyFile (typed Any here: sweep.study.config imports this module)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+from sweep.errors import ConfigError
+from sweep.trial.protocol import import_trial, protocol_problems
+
+
+def storage(file: str, url: str | None, text: Any) -> None:
+    """`text`: the key as the file wrote it, shown in the error (`url` may hold a secret)."""
+    if url is None:
+        return
+    from sqlalchemy.engine import make_url  # local: only needed when a storage is named
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(url)
+    except ArgumentError:
+        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db",
+                          text) from None
+
+
+def warm_start(file: str, warm: Any) -> None:
+    if warm is None:
+        return
+    if not os.path.isfile(warm.study):
+        raise ConfigError(file, "warm_start.study", f"must be a study file (relative to {os.getcwd()})", warm.study)
+    if os.path.exists(file) and os.path.samefile(file, warm.study):
+        raise ConfigError(file, "warm_start.study", "must be another study's file, not this one", warm.study)
+
+
+def trial_module(file: str, study: Any) -> Any:
+    try:
+        module = import_trial(study.trial)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(file, "trial", f"cannot import module ({exc}); is it on the current directory or PYTHONPATH?",
+                          study.trial) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigError(file, "trial", f"importing the module raised {type(exc).__name__}: {exc}", study.trial) from None
+    problems = protocol_problems(module)
+    if problems:
+        attr, rule, value = problems[0]
+        raise ConfigError(file, "trial", f"module {study.trial} does not provide the trial protocol: {attr} {rule}",
+                          value)
+    _names(file, study, module)
+    return module
+
+
+def _names(file: str, study: Any, module: Any) -> None:
+    known = list(module.HYPERPARAMETERS)
+    if study.search_space is None and not callable(getattr(module, "search_space", None)):
+        raise ConfigError(file, "search_space", f"is required (or define search_space(trial) in {study.trial}: "
+                          "Optuna's define-by-run API)")
+    enqueued = {name for entry in study.enqueue for name in entry} if study.search_space is None else set()
+    for section, names in (("search_space", study.search_space or {}), ("fixed", study.fixed),
+                           ("enqueue", enqueued)):
+        for name in names:
+            if name not in known:
+                hint = difflib.get_close_matches(name, known, n=1)
+                extra = f" (did you mean {hint[0]!r}?)" if hint else f" (it understands: {', '.join(known)})"
+                raise ConfigError(file, f"{section}.{name}", f"not a hyperparameter of {study.trial}{extra}")
+    for name in [*(study.search_space or {}), *enqueued]:
+        if name in study.fixed:
+            raise ConfigError(file, f"fixed.{name}", "is also in search_space; a name is either sampled or fixed")
+    metrics = list(module.METRICS)
+    for key, o in ([("objective", study.objective)] if not study.multi_objective else
+                   [(f"objectives.{i}", o) for i, o in enumerate(study.all_objectives)]):
+        if o.metric not in metrics:
+            raise ConfigError(file, f"{key}.metric", f"must be a metric of {study.trial} (one of {', '.join(metrics)})",
+                              o.metric)
+    for i, c in enumerate(study.constraints):
+        if c.metric not in metrics:
+            raise ConfigError(file, f"constraints.{i}.metric", f"must be a metric of {study.trial} (one of "
+                              f"{', '.join(metrics)})", c.metric)

@@ -1,0 +1,389 @@
+"""Study file -> validated, frozen config; every rule of the study file lives here.
+
+Imports neither optuna nor jax: validation must be fast and must create nothing.
+Sampler and pruner keyword arguments are checked against Optuna's classes by
+`sweep.store.samplers.check_config`, which `run` calls right after `load`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import ByteSize, ConfigDict, Field, ValidationError, model_validator
+
+from sweep.errors import ConfigError
+from sweep.study import checks as config_checks
+from sweep.study import credentials, space
+from sweep.study import messages as config_errors
+from sweep.study import objectives as objectives_lib
+from sweep.study import yaml_file as study_yaml
+from sweep.study.constraints import Constraint
+from sweep.study.objectives import Objective
+from sweep.study.params import PARAM_MODELS, Param, Scalar, StrictModel
+from sweep.study.scheduler_keys import Scheduler
+
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+# The study file's sampler and pruner names -> the Optuna class each builds (the one list of them).
+SAMPLER_CLASSES = {
+    "tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler",
+    "cmaes": "CmaEsSampler", "qmc": "QMCSampler", "gp": "GPSampler", "nsga2": "NSGAIISampler",
+}
+sign = objectives_lib.sign  # where readers of the study file look for it
+SINGLE_OBJECTIVE_SAMPLERS = ("cmaes",)  # Optuna's CmaEsSampler raises for a multi-objective study
+PRUNER_CLASSES = {
+    "none": "NopPruner", "median": "MedianPruner", "percentile": "PercentilePruner",
+    "successive_halving": "SuccessiveHalvingPruner", "hyperband": "HyperbandPruner",
+}
+SamplerName = Literal[tuple(SAMPLER_CLASSES)]  # type: ignore[valid-type]
+PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
+MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
+
+
+class Sampler(StrictModel):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = sampler kwargs
+    type: SamplerName = "tpe"
+    seed: int = 0
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Pruner(StrictModel):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # extra keys = pruner kwargs
+    type: PrunerName = "none"
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Train(StrictModel):
+    steps: Annotated[int, Field(ge=1, le=MAX_STEP)]
+    eval_every: Annotated[int, Field(ge=1, le=MAX_STEP)]
+    seed: int = 0
+    # Data parallel: each batch is split over this many devices, params replicated (see runner).
+    devices: Annotated[int, Field(ge=1)] = 1
+    # false (default): each trial number gets its own initialisation and data order, derived from
+    # (seed, number); true: every trial starts from the same ones (only the hyperparameters differ).
+    same_seed_for_all_trials: bool = False
+
+
+# The default cadence (no cadence key) writes at most this share of the wall time. Measured on the
+# example with every_steps 100 (benchmarks/RESULTS.md): 0.03 keeps a study within 1.05x of no
+# periodic saves.
+DEFAULT_WRITE_SHARE = 0.03
+
+
+class Checkpoint(StrictModel):
+    every_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
+    every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
+    keep_last: Annotated[int, Field(ge=1)] = 2
+    keep_best: Annotated[int, Field(ge=1)] = 1  # the best state is always kept (docs/reference.md)
+    grace_seconds: Annotated[float, Field(gt=0)] = 20.0  # SIGTERM/SIGINT: exit after this at the latest
+    # The write budget (sweep/train/cadence.py): given, it caps any cadence (null: none); absent, the
+    # default cadence runs under DEFAULT_WRITE_SHARE and an explicit one is exact. See write_share.
+    max_write_share: Annotated[float, Field(gt=0, le=1)] | None = None
+    # The study's disk budget (sweep/checkpoints/retention.py): only the K best COMPLETE finished trials keep
+    # their checkpoints; and a cap on all of the study's checkpoint bytes ("50GB", "500MiB", bytes).
+    keep_trials: Annotated[int, Field(ge=1)] | None = None
+    max_disk: Annotated[ByteSize, Field(gt=0)] | None = None
+    # A remote tier on S3-compatible storage (sweep/checkpoints/remote.py): every committed step is uploaded
+    # in the background; resumes, takeovers and readers fetch what the local folder lacks.
+    remote: str | None = None
+
+    @property
+    def explicit_cadence(self) -> bool:
+        """The file gives every_steps or every_seconds (then the cadence is honoured exactly)."""
+        return bool({"every_steps", "every_seconds"} & self.model_fields_set)
+
+    @property
+    def write_share(self) -> float | None:
+        """The write budget in force: max_write_share where the file gives it (null: none), else
+        none for an explicit cadence and DEFAULT_WRITE_SHARE for the default one."""
+        if "max_write_share" in self.model_fields_set:
+            return self.max_write_share
+        return None if self.explicit_cadence else DEFAULT_WRITE_SHARE
+
+    @model_validator(mode="after")
+    def _check_remote(self) -> Checkpoint:
+        if self.remote is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?",
+                                                        self.remote):
+            raise ValueError(f"remote: must be s3://bucket/prefix (a bucket name of 3-63 lowercase letters, digits, "
+                             f"dots and hyphens), got {self.remote!r}")
+        return self
+
+
+class Parallel(StrictModel):
+    n_jobs: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # auto: one worker per device slot (sweep/host/slots.py)
+    trials_per_device: Annotated[int, Field(ge=1)] = 1  # workers sharing each slot's devices (GPU memory / M each)
+    # A worker on another host that stopped renewing its claims this long ago is taken for dead.
+    lease_grace_seconds: Annotated[float, Field(gt=0)] = 60.0
+    # Where the n_jobs workers run: local processes (joblib's loky) or a Dask cluster (joblib's
+    # dask backend, through distributed.Client(address)).
+    backend: Literal["loky", "dask"] = "loky"
+    address: Annotated[str, Field(min_length=1)] | None = None  # the Dask scheduler, e.g. tcp://host:8786
+    # Dask worker resources each sweep worker takes, e.g. {device: 1}: one per Dask worker started
+    # with --resources device=1 (dask-cuda: one Dask worker per GPU). Only with backend dask.
+    resources: dict[str, Annotated[float, Field(gt=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallel:
+        if self.backend == "dask" and self.address is None:
+            raise ValueError("address: is required with backend dask (the Dask scheduler, e.g. tcp://host:8786), "
+                             "got None")
+        if self.backend != "dask" and self.address is not None:
+            raise ValueError(f"address: is only used with backend dask, got {self.address!r}")
+        if self.backend != "dask" and self.resources is not None:
+            raise ValueError(f"resources: are Dask worker resources, only used with backend dask, got {self.resources!r}")
+        if self.backend == "dask" and importlib.util.find_spec("distributed") is None:
+            raise ValueError("backend: dask needs the `distributed` package (pip install 'sweep[dask]'), got 'dask'")
+        return self
+
+
+class WarmStart(StrictModel):
+    study: Annotated[str, Field(min_length=1)]  # another study file, relative to the current directory
+
+
+class Logging(StrictModel):
+    """Where training curves go besides Optuna's storage (sweep/tracking/curves.py); steers, never defines, a trial."""
+
+    # true: <workdir>/tensorboard; a string: that folder (relative to the current directory).
+    tensorboard: Any = False  # bool | str, checked below: one message for every wrong value
+    mlflow: Annotated[str, Field(min_length=1)] | None = None  # an MLflow tracking URI
+
+    @model_validator(mode="after")
+    def _check(self) -> Logging:
+        if not isinstance(self.tensorboard, (bool, str)) or self.tensorboard == "":
+            raise ValueError(f"tensorboard: must be true, false or a folder, got {self.tensorboard!r}")
+        # Optional packages: a configured writer whose package is missing is a study-file error
+        # (exit 2, before anything is created), not a warning in the middle of a run.
+        for key, module, extra in (("tensorboard", "tensorboardX", "tensorboard"), ("mlflow", "mlflow", "mlflow")):
+            value = getattr(self, key)
+            if value not in (None, False) and importlib.util.find_spec(module) is None:
+                raise ValueError(f"{key}: needs the `{module}` package (pip install 'sweep[{extra}]'), got {value!r}")
+        return self
+
+
+class StudyFile(StrictModel):
+    name: Annotated[str, Field(pattern=f"^{NAME_PATTERN}$")]
+    trial: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
+    storage: str | None = None
+    workdir: Annotated[str, Field(min_length=1)] | None = None
+    n_trials: Annotated[int, Field(ge=1)]
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    max_retries: Annotated[int, Field(ge=0)] = 0  # a trial that raises is retried from its newest checkpoint
+    # A database away for a while (a restart, a failover) is waited for, this long per call.
+    storage_retry_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # A trial's data() that has not returned after this long fails the trial (sweep/trial/guard.py).
+    data_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
+    # One objective, or several (a multi-objective study, sweep/study/objectives.py); `objective` is then
+    # the first of them, which picks each trial's best step.
+    objective: Objective = None  # type: ignore[assignment]
+    objectives: list[Objective] | None = None
+    sampler: Sampler = Sampler()
+    pruner: Pruner = Pruner()
+    scheduler: Scheduler | None = None  # sweep/schedulers/asha.py, sweep/schedulers/pbt.py; None: every trial trains to the end
+    # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
+    search_space: dict[str, Param] | None = None
+    enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/store/enqueue.py)
+    constraints: list[Constraint] = []  # on reported metrics (sweep/study/constraints.py)
+    warm_start: WarmStart | None = None  # another study's trials as observations (sweep/store/warm_start.py)
+    fixed: dict[str, Any] = {}
+    train: Train
+    checkpoint: Checkpoint = Checkpoint()
+    parallel: Parallel = Parallel()
+    logging: Logging = Logging()
+
+    @model_validator(mode="after")
+    def _check_objectives(self) -> StudyFile:
+        objectives_lib.check(self.objective, self.objectives, self.pruner.type)
+        if self.objectives is not None:
+            if self.sampler.type in SINGLE_OBJECTIVE_SAMPLERS:
+                raise ValueError(f"sampler.type: takes one objective only; for several use tpe, nsga2, gp, random, "
+                                 f"qmc or grid, got {self.sampler.type!r}")
+            object.__setattr__(self, "objective", self.objectives[0])  # frozen: set once, here
+        return self
+
+    @model_validator(mode="after")
+    def _check_scheduler(self) -> StudyFile:
+        s = self.scheduler
+        if s is None:
+            return self
+        if self.objectives is not None:
+            raise ValueError(f"scheduler.type: takes one objective only (with several, trials report nothing to rank "
+                             f"at a rung), got {s.type!r}")
+        if self.pruner.type != "none":
+            raise ValueError(f"pruner.type: must be none with scheduler {s.type} (the scheduler pauses trials and "
+                             f"promotes them later; an Optuna pruner would end them for good), got {self.pruner.type!r}")
+        what = "the first interval" if s.type == "pbt" else "the first rung"
+        key = "interval_steps" if s.type == "pbt" else "min_steps"
+        if s.first >= self.train.steps:
+            raise ValueError(f"scheduler.{key}: must be < train.steps ({self.train.steps}): {what} comes "
+                             f"before a trial's last step, got {s.first}")
+        if s.first % self.train.eval_every:
+            raise ValueError(f"scheduler.{key}: must be a multiple of train.eval_every ({self.train.eval_every}): "
+                             f"a trial pauses at an evaluation, got {s.first}")
+        if s.type == "pbt" and s.population is not None and s.population > self.n_trials:
+            raise ValueError(f"scheduler.population: must be <= n_trials ({self.n_trials}): the first population "
+                             f"is the first trials, got {s.population}")
+        if s.type == "pbt" and s.population is not None and math.floor(s.population * s.quantile + 1e-9) < 1:
+            raise ValueError(f"scheduler.quantile: quantile * population must be >= 1 (one member at least copies "
+                             f"another at each interval; population {s.population}), got {s.quantile}")
+        last = self.n_trials % s.population if s.type == "pbt" and s.population else 0
+        if last and math.floor(last * s.quantile + 1e-9) < 1:
+            raise ValueError(f"n_trials: leaves a last population of {last} (population {s.population}) in which no "
+                             f"member copies another (quantile {s.quantile}); use a multiple of the population, "
+                             f"got {self.n_trials}")
+        if s.type == "pbt" and self.warm_start is not None:
+            raise ValueError("warm_start: not with scheduler pbt (its observations take the first trial numbers, "
+                             "which make up the populations), got a warm start")
+        if s.type == "pbt" and self.checkpoint.remote is not None:
+            raise ValueError("scheduler.type: pbt copies a member's checkpoint into another's folder on this "
+                             "host's disk; it does not run with checkpoint.remote yet, got 'pbt'")
+        return self
+
+    @property
+    def all_objectives(self) -> list[Objective]:
+        """Every objective, in order (one for a single-objective study)."""
+        return list(self.objectives) if self.objectives is not None else [self.objective]
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.objectives is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a config came from: enough to rebuild it in another process (a worker) without the file.
+
+    `origin` names the study file (or "<dict>") in messages; `cwd` is the directory relative paths
+    (workdir, storage, a user's trial module) were resolved against. `raw` is the file's text, with
+    its `${VAR}`s; `env` the values they had here, so that every worker reads the same study
+    (kept out of repr: they may be secrets).
+    """
+
+    raw: dict[str, Any]
+    origin: str
+    cwd: str
+    env: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+
+class Config:
+    """A validated study file, with its paths resolved against the current directory.
+
+    The on-disk layout of a study lives here and nowhere else: `workdir`, `checkpoint_dir`,
+    `cache_dir`, `lock_path` and the default SQLite storage.
+    """
+
+    def __init__(self, path: Path, study: StudyFile, trial_module: Any, source: Source | None = None) -> None:
+        self.path = path
+        self.study = study
+        self.trial_module = trial_module
+        self.source = source or Source(study.model_dump(mode="python", exclude_unset=True), str(path), os.getcwd())
+        self.workdir = Path(os.path.abspath(study.workdir or f"runs/{study.name}"))
+        self.storage = _resolve_storage(study.storage, self.workdir)
+
+    @property
+    def name(self) -> str:
+        return self.study.name
+
+    @property
+    def sampled_names(self) -> list[str]:
+        """Names a trial's params may hold: the search space's, or (define-by-run) every
+        hyperparameter of the trial that is not fixed."""
+        names = self.study.search_space or self.trial_module.HYPERPARAMETERS
+        return [name for name in names if name not in self.study.fixed]
+
+    def hyperparameters(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What the trial sees: its defaults, overridden by fixed values and sampled params."""
+        return {**self.trial_module.HYPERPARAMETERS, **self.study.fixed, **params}
+
+    def checkpoint_dir(self, number: int) -> Path:
+        return self.workdir / "checkpoints" / f"trial_{number:04d}"
+
+    @property
+    def tensorboard_dir(self) -> Path | None:
+        """The TensorBoard logdir (one run per trial, `trial_NNNN`), None when not configured."""
+        where = self.study.logging.tensorboard
+        if where is False:
+            return None
+        return self.workdir / "tensorboard" if where is True else Path(os.path.abspath(where))
+
+    @property
+    def cache_dir(self) -> Path:
+        """JAX's persistent compilation cache of this study's processes: `<workdir>/jax_cache`, or
+        the folder in $SWEEP_COMPILATION_CACHE, shared by every study that names it (executables
+        are keyed by program, device and versions, so sharing is safe)."""
+        shared = os.environ.get("SWEEP_COMPILATION_CACHE")
+        return Path(os.path.abspath(shared)) if shared else self.workdir / "jax_cache"
+
+    @property
+    def lock_path(self) -> Path:
+        """The file lock that serialises creating (and first opening) the study's storage."""
+        return self.workdir / ".create.lock"
+
+
+def default_storage(workdir: Path) -> str:
+    return f"sqlite:///{workdir / 'study.db'}"
+
+
+def _resolve_storage(url: str | None, workdir: Path) -> str:
+    if url is None:
+        return default_storage(workdir)
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
+        # Relative SQLite paths are relative to the current directory, as in the study file.
+        return prefix + os.path.abspath(url[len(prefix):])
+    return url
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read, parse and validate a study file, importing its trial module.
+
+    Raises:
+        ConfigError: on any broken rule; nothing has been created.
+    """
+    file = str(path)
+    return from_dict(study_yaml.read(file), origin=file)
+
+
+def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] | None = None) -> Config:
+    """Validate a study given as a mapping (the study file's keys); `origin` names it in errors.
+
+    Relative paths resolve against the current directory, as for a file. `${VAR}` in the keys that
+    take it (sweep.study.credentials) is read from `env` first, then from the environment.
+
+    Raises:
+        ConfigError: on any broken rule; nothing has been created.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(origin, "", "must be a mapping of study keys", type(raw).__name__)
+    study_yaml.check_plain(origin, raw)
+    values, used = credentials.interpolate(raw, origin, {**os.environ, **(env or {})})
+    try:
+        study = StudyFile.model_validate(values)
+    except ValidationError as exc:
+        # A typo'd key also makes its intended key "missing": report the typo, the root cause.
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        raise config_errors.translate(origin, errors[0], raw, StudyFile, PARAM_MODELS, NAME_PATTERN) from None
+    config_checks.storage(origin, study.storage, raw.get("storage"))
+    config_checks.warm_start(origin, study.warm_start)
+    space.check(origin, study)
+    module = config_checks.trial_module(origin, study)
+    config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
+    credentials.remember(config.storage, credentials.used_in(raw.get("storage"), used))
+    return config
+
+
+def from_source(source: Source) -> Config:
+    """Rebuild a config in another process (a worker): same keys, same values, same directory."""
+    os.chdir(source.cwd)
+    return from_dict(source.raw, source.origin, source.env)

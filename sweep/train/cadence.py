@@ -1,0 +1,135 @@
+"""When a trial saves: the checkpoint cadence, the write budget that may defer it, and what it costs.
+
+The rule (docs/reference.md, `checkpoint`): an explicit `every_steps` / `every_seconds` is
+honoured exactly, like Orbax's `save_interval_steps` or Lightning's `every_n_train_steps`; with
+no cadence key, the default `every_seconds` runs under the write budget `max_write_share`; an
+explicit `max_write_share` caps any cadence, and then every save it defers is counted (the ledger,
+`status`, `plan`, the drill). The last step and a signal's save are never deferred.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Mapping
+
+from sweep.words import count
+
+if TYPE_CHECKING:
+    from sweep.checkpoints.folder import TrialCheckpoints
+    from sweep.study.config import Checkpoint
+    from sweep.train.ledger import RunLedger
+
+log = logging.getLogger("sweep")
+
+# An exact cadence that takes more than this share of the training time is said once per trial:
+# the user asked for it, so it is kept, but they learn what it costs and which keys trade it.
+COST_WARNING_SHARE = 0.05
+# The share is judged after this many saves of the run: the first save also pays Orbax's set-up.
+COST_WARNING_SAVES = 3
+
+
+class Cadence:
+    """Periodic saves every N steps and/or every T seconds, whichever comes first.
+
+    Under a write budget (`share` not None), a save that comes due while the writer is busy, or
+    has not rested long enough for writing to stay within that share of the time, is owed
+    instead and happens at the first window end that allows it: waiting would stall training
+    whenever a write outlasts the steps between two saves. Without one, every due save happens,
+    waiting for the save in flight.
+    """
+
+    def __init__(self, every_steps: int | None, every_seconds: float | None, share: float | None,
+                 start: int = 0) -> None:
+        self.every_steps, self.every_seconds, self.share = every_steps, every_seconds, share
+        self.last_time = time.monotonic()
+        self.last_step = start  # intervals count from where this run started
+        self.owed = False
+        self.saves = 0  # periodic and final saves of this run
+        self.deferred = 0  # due saves the budget deferred (each counted once, however long owed)
+        self.gap_steps = 0  # steps and seconds from the run's start to its first save, and between saves
+        self.gap_seconds = 0.0
+        self.warned = False
+        self.asked = ""  # the cadence keys the study file gives, as the cost warning names them
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint, start: int) -> Cadence:
+        cadence = cls(checkpoint.every_steps, checkpoint.every_seconds, checkpoint.write_share, start)
+        given = [k for k in ("every_steps", "every_seconds") if k in checkpoint.model_fields_set]
+        cadence.asked = " and ".join(f"{k}: {getattr(checkpoint, k):g}" for k in given if getattr(checkpoint, k))
+        return cadence
+
+    def due(self, step: int) -> bool:
+        if self.owed or (self.every_steps and step > 0 and step % self.every_steps == 0):
+            return True
+        return self.every_seconds is not None and time.monotonic() - self.last_time >= self.every_seconds
+
+    def defer(self, ckpt: TrialCheckpoints) -> bool:
+        """Owe the due save if there is a write budget and the writer is not ready; True if owed."""
+        busy = self.share is not None and ckpt.busy(self.share)
+        if busy and not self.owed:
+            self.deferred += 1
+        self.owed = self.owed or busy
+        return busy
+
+    def saved(self, step: int, wrote: bool = True) -> None:
+        """The save due at `step` is done (`wrote` False: the step was on disk already)."""
+        now = time.monotonic()
+        if wrote:
+            self.gap_steps += step - self.last_step
+            self.gap_seconds += now - self.last_time
+            self.saves += 1
+        self.last_step, self.last_time, self.owed = step, now, False
+
+    def counts(self) -> dict[str, float]:
+        """This run's saves for the ledger (sums over runs: the mean interval stays derivable)."""
+        return {"saves": float(self.saves), "deferred_saves": float(self.deferred),
+                "save_gaps": float(self.saves), "save_gap_steps": float(self.gap_steps),
+                "save_gap_seconds": self.gap_seconds}
+
+    def check_cost(self, number: int, ledger: RunLedger) -> None:
+        """Say once per run when an exact cadence takes more than COST_WARNING_SHARE of training."""
+        if self.warned or self.share is not None or self.saves < COST_WARNING_SAVES:
+            return
+        training = ledger.parts["training"] + ledger.parts["evaluating"]
+        spent = ledger.parts["checkpoint_blocking"]
+        if training <= 0 or spent / training <= COST_WARNING_SHARE:
+            return
+        self.warned = True
+        asked = self.asked or keys_text(self.every_steps, self.every_seconds, " and ")
+        log.warning("trial %d: checkpoints at %s take %.0f%% of its training time (%.2f s of %.2f s over %d saves); "
+                    "kept as asked. To trade it: a longer checkpoint.every_steps, checkpoint.every_seconds instead, "
+                    "or checkpoint.max_write_share (e.g. 0.03) to defer saves while writing exceeds that share",
+                    number, asked, 100 * spent / training, spent, training, self.saves)
+
+
+def keys_text(every_steps: int | None, every_seconds: float | None, sep: str) -> str:
+    """The cadence keys as the study file writes them, e.g. "every_steps: 100 and every_seconds: 60"."""
+    return sep.join(x for x in (f"every_steps: {every_steps}" if every_steps else "",
+                                f"every_seconds: {every_seconds:g}" if every_seconds else "") if x)
+
+
+def describe(checkpoint: Checkpoint) -> str:
+    """The effective cadence in words, as `plan` states it."""
+    parts = [x for x in (f"every {count(checkpoint.every_steps, 'step')}" if checkpoint.every_steps else "",
+                         f"every {checkpoint.every_seconds:g} s" if checkpoint.every_seconds else "") if x]
+    asked = " or ".join(parts) + (" (whichever comes first)" if len(parts) > 1 else "")
+    share = checkpoint.write_share
+    if not parts:
+        return "at the last step only (no cadence)"
+    if share is None:
+        return f"{asked}, exactly, and at the last step"
+    given = "max_write_share" in checkpoint.model_fields_set
+    why = "checkpoint.max_write_share" if given else "the default write budget"
+    return (f"{asked}, under {why} of {share:g}: a save due while writing would take more than {100 * share:g}% "
+            f"of the time is deferred to the first step that allows it (the last step and a signal's save never are)")
+
+
+def effective_interval(ledger: Mapping[str, Any] | None) -> dict[str, float] | None:
+    """A trial's mean checkpoint interval and deferred saves, from its ledger (None before a save)."""
+    if not ledger or not ledger.get("save_gaps"):
+        return None
+    gaps = float(ledger["save_gaps"])
+    return {"steps": round(float(ledger["save_gap_steps"]) / gaps, 1),
+            "seconds": round(float(ledger["save_gap_seconds"]) / gaps, 3),
+            "deferred_saves": int(ledger.get("deferred_saves", 0))}

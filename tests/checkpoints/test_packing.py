@@ -1,0 +1,107 @@
+"""The packed checkpoint layout: small arrays in one buffer per dtype, restored bit for bit; steps of
+the plain layout (earlier releases) still restore."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from sweep.checkpoints import packing
+from sweep.checkpoints.folder import TrialCheckpoints
+
+
+def _state(layers: int = 40) -> dict:
+    rng = np.random.default_rng(0)
+    params = {f"Dense_{i}": {"kernel": rng.normal(size=(8, 8)).astype(np.float32),
+                             "bias": rng.normal(size=(8,)).astype(np.float32)} for i in range(layers)}
+    params["big"] = rng.normal(size=(600, 600)).astype(np.float32)  # 1.4 MB: stays whole
+    opt_state = optax.adam(1e-3).init(params)
+    return jax.tree.map(lambda x: np.array(x, copy=True), {
+        "params": params, "opt_state": opt_state, "step": np.asarray(7, np.int32),
+        "key": np.array([1, 2], np.uint32), "train_loss_sum": np.asarray(0.5, np.float32)})
+
+
+def _equal(a, b) -> bool:
+    same = jax.tree.map(lambda x, y: x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), a, b)
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(jax.tree.leaves(same))
+
+
+def test_pack_groups_small_leaves_by_dtype_and_keeps_big_ones_whole():
+    state = _state()
+    packed = packing.pack(state)
+    assert set(packed["params"][packing.PACKED]) == {"float32"}
+    big = [i for i, leaf in enumerate(jax.tree.leaves(state["params"])) if leaf is state["params"]["big"]]
+    assert list(packed["params"][packing.WHOLE]) == [str(i) for i in big] and len(big) == 1
+    assert set(packed["opt_state"][packing.PACKED]) == {"float32", "int32"}  # adam's moments and count
+    assert len(jax.tree.leaves(packed)) < 10 < len(jax.tree.leaves(state))
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    assert _equal(packing.unpack(packed, template), state)
+
+
+def test_packed_steps_restore_bit_identical_with_their_optax_types(tmp_path):
+    state = _state()
+    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1)
+    try:
+        ckpt.save((10, state, {"val_loss": 1.0}))
+        ckpt.wait()
+        restored = ckpt.restore_verified(10, jax.tree.map(np.zeros_like, state))
+    finally:
+        ckpt.close()
+    assert _equal(restored, state)
+    assert type(restored["opt_state"][0]).__name__ == "ScaleByAdamState"
+
+
+def test_a_step_of_the_plain_layout_still_restores(tmp_path, monkeypatch):
+    # What releases before packing wrote: the state's own tree, one Orbax array per leaf.
+    state = _state(layers=3)
+    monkeypatch.setattr(packing, "pack", lambda s: s)
+    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1)
+    try:
+        ckpt.save((10, state, {"val_loss": 1.0}))
+        ckpt.wait()
+    finally:
+        ckpt.close()
+    monkeypatch.undo()
+    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1)
+    try:
+        assert _equal(ckpt.restore_verified(10, jax.tree.map(np.zeros_like, state)), state)
+        ckpt.save((20, state, {"val_loss": 0.5}))  # the new layout beside the old one
+        ckpt.wait()
+        assert _equal(ckpt.restore_verified(20, jax.tree.map(np.zeros_like, state)), state)
+    finally:
+        ckpt.close()
+
+
+def test_a_step_without_an_optional_key_restores_without_it(tmp_path):
+    state = _state(layers=2)
+    older = {k: v for k, v in state.items() if k != "train_loss_sum"}
+    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1, optional_keys=("train_loss_sum",))
+    try:
+        ckpt.save((10, older, {"val_loss": 1.0}))
+        ckpt.wait()
+        restored = ckpt.restore(10, jax.tree.map(np.zeros_like, state))
+    finally:
+        ckpt.close()
+    assert "train_loss_sum" not in restored and _equal(restored, older)
+
+
+def test_a_damaged_packed_buffer_fails_its_checksum(tmp_path):
+    from sweep.checkpoints.folder import DamagedCheckpoint
+
+    state = _state(layers=2)
+    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1)
+    try:
+        ckpt.save((10, state, {"val_loss": 1.0}))
+        ckpt.wait()
+        data = [p for p in (tmp_path / "c" / "10").rglob("*") if p.is_file() and "d" == p.parent.name]
+        assert data, sorted(str(p) for p in (tmp_path / "c" / "10").rglob("*"))
+        for path in data:  # flip bytes in the middle of every data file of the step
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            path.write_bytes(bytes(raw))
+        with pytest.raises(DamagedCheckpoint):
+            ckpt.restore_verified(10, jax.tree.map(np.zeros_like, state))
+    finally:
+        ckpt.close()
