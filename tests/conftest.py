@@ -138,6 +138,23 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def refused(study_file: Path, capsys: Any, fragment: str) -> None:
+    """`sweep run` of the study file, in-process, exits 2 with one line (no traceback) that names the file and
+    holds `fragment`, and writes nothing beside it."""
+    before = sorted(os.listdir(study_file.parent))
+    assert main(["run", str(study_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {study_file}: ") and fragment in err and "Traceback" not in err, err
+    assert sorted(os.listdir(study_file.parent)) == before  # nothing written
+
+
+def ran(study_file: Path) -> Path:
+    """The study file, after `python -m sweep run` of it ended with exit 0 (an uninterrupted reference run)."""
+    result = run_cli("run", study_file, cwd=study_file.parent)
+    assert result.returncode == 0, result.stderr
+    return study_file
+
+
 class Running:
     """A `python -m sweep ...` process whose stderr is collected line by line while it runs.
 
@@ -209,6 +226,18 @@ def checkpoint_dir(study: Path | dict[str, Any], number: int) -> Path:
     """Trial `number`'s checkpoint folder, of a study file or of an in-process study's dict."""
     workdir = study["workdir"] if isinstance(study, dict) else yaml.safe_load(study.read_text())["workdir"]
     return Path(workdir) / "checkpoints" / f"trial_{number:04d}"
+
+
+def signalled_after_a_save(study_file: Path, number: int, signum: int, step: int = 100) -> Running:
+    """Run the study and send `signum` once trial `number` has a checkpoint at or past `step` (so it
+    trains, not compiles); the ended run, which exited 128 + signum without a traceback."""
+    proc = Running("run", study_file, cwd=study_file.parent)
+    proc.wait_for(rf"trial {number}: started")
+    wait_for_checkpoint(checkpoint_dir(study_file, number), step)
+    proc.signal(signum)
+    assert proc.finish(timeout=60) == 128 + signum
+    assert "Traceback" not in proc.stderr
+    return proc
 
 
 def kill_mid_trial(study_file: Path, number: int, min_step: int) -> list[int]:
@@ -426,8 +455,8 @@ def trials(study: dict[str, Any]) -> list[FrozenTrial]:
     return sorted(found, key=lambda t: t.number)
 
 
-def saved_steps(folder: Path) -> list[int]:
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+def saved_steps(folder: str | Path) -> list[int]:
+    return sorted(int(p.name) for p in Path(folder).iterdir() if p.name.isdigit())
 
 
 def files(root: Path) -> dict[str, tuple[int, int]]:

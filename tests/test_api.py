@@ -26,35 +26,19 @@ import pytest
 import yaml
 
 import sweep
-from conftest import TRIAL_SOURCE, sigterm_at, watch_steps
+from conftest import STEPS, TRIAL_SOURCE, saved_steps, sigterm_at, watch_steps
+from conftest import make_study as tiny_study
 from sweep.host.signals import StopSignal
 
 TRIAL = "api_linear"
-STEPS = 40
 REFERENCE_KEYS = {"number", "state", "params", "value", "best_step", "best_value", "last_step", "checkpoint_dir",
                   "resumes"}
 
 
 def make_study(root: Path, trial: str = TRIAL, **override: Any) -> dict[str, Any]:
-    """A study of 3 trials of 40 steps (evaluated every 10, saved every 20) whose workdir is under root."""
+    """conftest's 3-trial tiny study under root, named "api", with its trial module (unmarked) written there."""
     (root / f"{trial}.py").write_text(TRIAL_SOURCE)
-    study = {
-        "name": "api",
-        "trial": trial,
-        "workdir": str(root / "runs"),
-        "n_trials": 3,
-        "objective": {"metric": "val_loss", "direction": "minimize"},
-        "sampler": {"type": "tpe", "seed": 0},
-        "search_space": {"learning_rate": {"type": "float", "low": 1.0e-3, "high": 0.3, "log": True}},
-        "train": {"steps": STEPS, "eval_every": 10, "seed": 0},
-        "checkpoint": {"every_steps": 20, "keep_last": 2},
-    }
-    study.update(override)
-    return study
-
-
-def saved_steps(folder: str | Path) -> list[int]:
-    return sorted(int(p.name) for p in Path(folder).iterdir() if p.name.isdigit())
+    return tiny_study(root, **{"name": "api", "trial": trial, **override})
 
 
 def listing(root: Path) -> list[str]:

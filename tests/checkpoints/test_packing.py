@@ -40,15 +40,20 @@ def test_pack_groups_small_leaves_by_dtype_and_keeps_big_ones_whole():
     assert _equal(packing.unpack(packed, template), state)
 
 
-def test_packed_steps_restore_bit_identical_with_their_optax_types(tmp_path):
-    state = _state()
-    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1)
+def _saved_and_restored(folder, saved, like, verified=True, **options):
+    """Step 10 of `saved` written to a fresh checkpoint folder and read back into zeros shaped as `like`."""
+    ckpt = TrialCheckpoints(folder, "val_loss", "minimize", 2, 1, **options)
     try:
-        ckpt.save((10, state, {"val_loss": 1.0}))
+        ckpt.save((10, saved, {"val_loss": 1.0}))
         ckpt.wait()
-        restored = ckpt.restore_verified(10, jax.tree.map(np.zeros_like, state))
+        return (ckpt.restore_verified if verified else ckpt.restore)(10, jax.tree.map(np.zeros_like, like))
     finally:
         ckpt.close()
+
+
+def test_packed_steps_restore_bit_identical_with_their_optax_types(tmp_path):
+    state = _state()
+    restored = _saved_and_restored(tmp_path / "c", state, state)
     assert _equal(restored, state)
     assert type(restored["opt_state"][0]).__name__ == "ScaleByAdamState"
 
@@ -77,13 +82,7 @@ def test_a_step_of_the_plain_layout_still_restores(tmp_path, monkeypatch):
 def test_a_step_without_an_optional_key_restores_without_it(tmp_path):
     state = _state(layers=2)
     older = {k: v for k, v in state.items() if k != "train_loss_sum"}
-    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1, optional_keys=("train_loss_sum",))
-    try:
-        ckpt.save((10, older, {"val_loss": 1.0}))
-        ckpt.wait()
-        restored = ckpt.restore(10, jax.tree.map(np.zeros_like, state))
-    finally:
-        ckpt.close()
+    restored = _saved_and_restored(tmp_path / "c", older, state, verified=False, optional_keys=("train_loss_sum",))
     assert "train_loss_sum" not in restored and _equal(restored, older)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import Running, checkpoint_dir, kill9, kill_mid_trial, run_cli, snapshot, study_of, wait_for_checkpoint
+from conftest import Running, checkpoint_dir, kill9, kill_mid_trial, run_cli, signalled_after_a_save, snapshot, study_of
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -80,12 +80,7 @@ def test_run_killed_right_after_start_equals_uninterrupted(write_study, referenc
 
 def test_sigterm_checkpoints_current_step_and_exits_143(write_study, reference):
     study = write_study()
-    proc = Running("run", study, cwd=study.parent)
-    proc.wait_for(r"trial 1: started")
-    wait_for_checkpoint(checkpoint_dir(study, 1), 100)
-    proc.signal(signal.SIGTERM)
-    assert proc.finish(timeout=60) == 143
-    assert "Traceback" not in proc.stderr
+    proc = signalled_after_a_save(study, 1, signal.SIGTERM)  # exit 143
     stopped = int(re.search(r"trial 1: stopped at step (\d+); checkpoint saved", proc.stderr).group(1))
     status = json.loads(run_cli("status", study, "--json").stdout)
     trial1 = status["trials"][1]

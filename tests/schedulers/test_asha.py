@@ -5,7 +5,6 @@ keeps what a paused trial needs, and bad study files exit 2."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Running, cache_env, interrupt_at_random, kill9, run_cli, study_in, study_of
+from conftest import Running, refused, cache_env, interrupt_at_random, kill9, ran, run_cli, study_in, study_of
 from sweep.__main__ import main
 
 # Rungs at 100 and 200 of 400 steps, eta 2: with 5 trials some stay paused, some go on. One
@@ -65,10 +64,7 @@ def _check_pauses(trials: list[Any]) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = _write(tmp_path_factory.mktemp("asha"))
-    result = run_cli("run", path, cwd=path.parent)
-    assert result.returncode == 0, result.stderr
-    return path
+    return ran(_write(tmp_path_factory.mktemp("asha")))
 
 
 @pytest.mark.slow
@@ -236,9 +232,4 @@ BAD = [
 @pytest.mark.parametrize("override,fragment", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_asha_bad_study_file_exits_2_naming_the_key(tmp_path, monkeypatch, capsys, override, fragment):
     monkeypatch.chdir(tmp_path)
-    path = _write(tmp_path, **override)
-    before = sorted(os.listdir(tmp_path))
-    assert main(["run", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {path}: ") and fragment in err and "Traceback" not in err, err
-    assert sorted(os.listdir(tmp_path)) == before
+    refused(_write(tmp_path, **override), capsys, fragment)

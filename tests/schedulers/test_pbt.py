@@ -6,7 +6,6 @@ copied; bad study files exit 2 naming the key."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import Running, cache_env, interrupt_at_random, run_cli, study_in, study_of
+from conftest import Running, refused, cache_env, interrupt_at_random, ran, run_cli, study_in, study_of
 from sweep.__main__ import main
 
 # Two populations of 3 (trials 0-2, 3-5), pausing at 50, 100 and 150 of 200 steps: at each, the
@@ -72,10 +71,7 @@ def _in_force_before(t: Any, step: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = _write(tmp_path_factory.mktemp("pbt"))
-    result = run_cli("run", path, cwd=path.parent)
-    assert result.returncode == 0, result.stderr
-    return path
+    return ran(_write(tmp_path_factory.mktemp("pbt")))
 
 
 @pytest.mark.slow
@@ -235,12 +231,7 @@ BAD = [
 @pytest.mark.parametrize("override,fragment", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_pbt_bad_study_file_exits_2_naming_the_key(tmp_path, monkeypatch, capsys, override, fragment):
     monkeypatch.chdir(tmp_path)
-    path = _write(tmp_path, **override)
-    before = sorted(os.listdir(tmp_path))
-    assert main(["run", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {path}: ") and fragment in err, err
-    assert "Traceback" not in err and sorted(os.listdir(tmp_path)) == before  # nothing written
+    refused(_write(tmp_path, **override), capsys, fragment)
 
 
 def test_replay_of_a_study_without_pbt_exits_2(tmp_path, monkeypatch, capsys):

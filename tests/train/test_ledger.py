@@ -34,17 +34,21 @@ def test_ledger_counts_the_steps_redone_after_a_kill_within_the_evaluation_spaci
         measured = sum(entry[k] for k in ledger_lib.PARTS if k != "waiting")
         assert measured <= entry["wall"] and entry["waiting"] >= 0, entry  # parts timed apart fit the wall time
 
-    session = Session(config_lib.from_dict(study))
-    try:
-        report = status.collect(session)
-        text = summary.text(session)
-    finally:
-        session.close()
+    report, text = _status_and_summary(study)
     assert report["ledger"]["interruptions"] == 1
     assert report["ledger"]["wall"] == pytest.approx(killed["wall"] + clean["wall"], abs=0.01)
     assert "lost to 1 interruption: " in text
     table = status.table(report)
     assert "lost" in table.splitlines()[1] and f"{killed['lost']:.0f}s/1" in table
+
+
+def _status_and_summary(study):
+    """`status --json`'s report and the run summary's text of the study, read in-process."""
+    session = Session(config_lib.from_dict(study))
+    try:
+        return status.collect(session), summary.text(session)
+    finally:
+        session.close()
 
 
 def test_ledger_of_a_signal_stop_loses_no_steps(here):
@@ -78,12 +82,7 @@ def test_every_run_that_ended_without_finishing_the_trial_counts_once_everywhere
     (t,) = trials(study)
     assert t.user_attrs["resumes"] == 2
     assert t.user_attrs[ledger_lib.LEDGER_ATTR]["interruptions"] == 2
-    session = Session(config_lib.from_dict(study))
-    try:
-        report = status.collect(session)
-        text = summary.text(session)
-    finally:
-        session.close()
+    report, text = _status_and_summary(study)
     (entry,) = report["trials"]
     assert entry["resumes"] == 2 and entry["ledger"]["interruptions"] == 2 and report["ledger"]["interruptions"] == 2
     assert "lost to 2 interruptions: " in text

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import Running, checkpoint_dir, kill9, run_cli, study_of, wait_for_checkpoint
+from conftest import Running, checkpoint_dir, kill9, run_cli, signalled_after_a_save, study_of, wait_for_checkpoint
 from tests.trials.files import write_trial  # the trials here: tests/trials/
 
 
@@ -50,13 +50,8 @@ def test_study_whose_trials_all_fail_exits_1_and_says_why(write_study):
 @pytest.mark.slow
 def test_sigint_checkpoints_and_exits_130_resumable(write_study):
     study = write_study(n_trials=2, train={"steps": 3000})
-    proc = Running("run", study, cwd=study.parent)
-    proc.wait_for(r"trial 0: started")
     # Past its first save, so the trial trains (a signal while it compiles exits at once: test_signals).
-    wait_for_checkpoint(checkpoint_dir(study, 0), 100)
-    proc.signal(signal.SIGINT)
-    assert proc.finish(timeout=60) == 130
-    assert "Traceback" not in proc.stderr
+    proc = signalled_after_a_save(study, 0, signal.SIGINT)  # exit 130
     assert "checkpointing running trials" in proc.stderr and "interrupted" in proc.stderr
     trial = study_of(study).trials[0]
     assert trial.state.name == "RUNNING"  # resumable: never FAIL, never COMPLETE

@@ -55,16 +55,20 @@ def test_kill9_mid_trial_then_rerun_is_bit_identical(write_study, overrides):
     assert set(metrics) == {"val_loss", "val_accuracy"} and all(np.isfinite(list(metrics.values())))
 
 
+def _one_trial_exported(study: Path, out: Path) -> tuple[Path, Path]:
+    """The study file, run to its end, and the folder `export` wrote it to."""
+    assert run_cli("run", study, cwd=study.parent).returncode == 0
+    assert run_cli("export", study, "--out", out).returncode == 0
+    return study, out
+
+
 @pytest.mark.slow
 def test_resnet_export_holds_batch_stats_and_applies_with_flax(write_study, tmp_path):
     import sweep
     from trials.digits_mlp import _splits
     from trials.digits_resnet import model
 
-    study = write_study(**{**RESNET, "n_trials": 1})
-    assert run_cli("run", study, cwd=study.parent).returncode == 0
-    out = tmp_path / "export"
-    assert run_cli("export", study, "--out", out).returncode == 0
+    study, out = _one_trial_exported(write_study(**{**RESNET, "n_trials": 1}), tmp_path / "export")
     entry = json.loads((out / "index.json").read_text())["trials"][0]
     meta = json.loads((out / entry["dir"] / "meta.json").read_text())
     assert meta["collections"] == ["batch_stats"]
@@ -92,10 +96,7 @@ def test_nnx_export_and_load_best_give_the_module(write_study, tmp_path):
     from trials import digits_nnx
     from trials.digits_mlp import _splits
 
-    study = write_study(**{**NNX, "n_trials": 1})
-    assert run_cli("run", study, cwd=study.parent).returncode == 0
-    out = tmp_path / "export"
-    assert run_cli("export", study, "--out", out).returncode == 0
+    study, out = _one_trial_exported(write_study(**{**NNX, "n_trials": 1}), tmp_path / "export")
     variables, meta = sweep.load_variables(out)
     assert meta["collections"] == ["batch_stats"] and set(variables["batch_stats"]["norm"]) == {"mean", "var"}
     hp = meta["hyperparameters"]

@@ -8,7 +8,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+
+from tests.trials.sum_fit import optimizer  # noqa: F401 (protocol functions it shares)
 
 HYPERPARAMETERS = {"learning_rate": 0.05}
 METRICS = ("val_loss",)
@@ -29,9 +30,6 @@ def data(hp):
 
 def init(hp, key, data):
     return {"w": 0.01 * jax.random.normal(key, (4,))}
-
-def optimizer(hp):
-    return optax.sgd(hp["learning_rate"])
 
 def batch(hp, data, key):
     idx = jax.random.randint(key, (32,), 0, 256)
