@@ -88,7 +88,14 @@ class Claims:
 
     @staticmethod
     def create_table(engine: sa.Engine) -> None:
-        _metadata.create_all(engine, checkfirst=True)
+        try:
+            _metadata.create_all(engine, checkfirst=True)
+        except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
+            # Hosts starting at once on a fresh PostgreSQL database race here: `checkfirst` looks, then
+            # creates, and the losers' CREATE TABLE fails (a duplicate pg_type row, or "already exists").
+            # The table is there then, made by the winner; anything else is a real error.
+            if not sa.inspect(engine).has_table(claims_table.name):
+                raise
 
     def _retry(self, fn, *args):
         # A database away for a while (a restart, a failover; SQLite's "database is locked" past its

@@ -103,3 +103,42 @@ def test_ask_lock_serialises_threads(tmp_path):
         claims_lib.owner_alive = orig
     assert entered[0] == 15  # every thread got the lock 5 times (an error in a thread fails here)
     assert peak[0] == 1
+
+
+def test_hosts_creating_the_claims_table_at_once_on_a_fresh_postgres_database_all_succeed(postgres_url):
+    """Nodes started together on a new PostgreSQL database all create the claims table: CREATE TABLE
+    after `checkfirst` races there (a duplicate pg_type row or "already exists" for the losers; the
+    clean-clone run's cluster test saw a node exit on it). 8 engines released together by a barrier,
+    on 5 fresh schemas of the database: without the fix, most rounds fail."""
+    import threading
+
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    try:
+        for round_ in range(5):
+            schema = f"race_{round_}"
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+            engines = [sa.create_engine(postgres_url, connect_args={"options": f"-csearch_path={schema}"})
+                       for _ in range(8)]
+            barrier, errors = threading.Barrier(len(engines)), []
+
+            def create(engine: sa.Engine) -> None:
+                barrier.wait()
+                try:
+                    Claims.create_table(engine)
+                except Exception as e:  # noqa: BLE001 - collected and shown by the assertion
+                    errors.append(repr(e)[:200])
+
+            threads = [threading.Thread(target=create, args=(e,)) for e in engines]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            try:
+                assert not errors, (round_, errors)
+                assert sa.inspect(engines[0]).has_table(claims_lib.claims_table.name)
+            finally:
+                for e in engines:
+                    e.dispose()
+    finally:
+        admin.dispose()
