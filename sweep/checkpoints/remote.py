@@ -1,4 +1,4 @@
-"""The remote tier behind the local checkpoint folders, written once against the tier contract
+"""The remote tier behind the local checkpoint folders, written once against the tier protocol
 (sweep/checkpoints/tiers.py; the S3 bucket is one tier, sweep/checkpoints/s3.py):
 
 - every step is committed locally first (training never waits for the network), then committed

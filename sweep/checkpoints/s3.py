@@ -2,7 +2,7 @@
 
 The only module that imports boto3 (any S3-compatible endpoint: boto3 reads `AWS_ENDPOINT_URL`
 and the credentials from the standard environment). Orbax cannot write to `s3://` (orbax#359)
-and its multi-tier checkpointing is experimental, so the tier is written here, to the contract
+and its multi-tier checkpointing is experimental, so the tier is written here, to the protocol
 of sweep/checkpoints/tiers.py: the bucket mirrors the local layout under
 `s3://bucket/prefix/<study>/checkpoints/`, and a step counts as committed only once its commit
 marker `<study>/commits/<trial>/<step>` (a manifest of its files, their sizes and its checksum) is
@@ -56,7 +56,7 @@ class S3Tier:
             found += page.get("Contents", []) + page.get("CommonPrefixes", [])
         return found
 
-    # --- the contract --------------------------------------------------------------------------
+    # --- the protocol --------------------------------------------------------------------------
 
     def list(self, trial: str | None = None, partial: bool = False) -> dict[str, list[int]]:
         prefix = f"{self.root}/commits/{trial + '/' if trial is not None else ''}"

@@ -1,4 +1,4 @@
-"""The checkpoint tier contract and its registry: what a store behind the local checkpoint folders
+"""The checkpoint tier protocol and its registry: what a store behind the local checkpoint folders
 does, and which class serves a `checkpoint.remote` URL.
 
 A tier holds committed steps of one study's trials, each trial by its folder's name (`trial_0007`)
@@ -7,7 +7,7 @@ its checksum, and last a commit mark, so that a kill mid-commit leaves nothing `
 `list` says which steps are committed, per trial; `verify` whether one is there whole; `fetch`
 brings one into a local trial folder as a committed step, checked against the checksum it was
 committed with; `remove` takes one away, its mark first. What is written once against this
-contract is in sweep/checkpoints/remote.py: background commits, takeover (fetching what the local
+protocol is in sweep/checkpoints/remote.py: background commits, takeover (fetching what the local
 folder lacks), and the tier following retention.
 
 The URL's scheme picks the class, built as `cls(url, root)` (`root`: the study's identity, its
