@@ -1,5 +1,5 @@
-"""Checkpoints on S3-compatible storage (sweep/checkpoints/remote.py) against a real S3 server on localhost
-(moto's server mode, started by the test): uploads with a commit marker last, a kill mid-upload,
+"""Checkpoints on S3-compatible storage (sweep/checkpoints/s3.py, behind sweep/checkpoints/remote.py) against
+a real S3 server on localhost (moto's server mode, started by the test): uploads with a commit marker last, a kill mid-upload,
 resume and takeover from the bucket by a host with an empty disk, export reading only the bucket."""
 
 from __future__ import annotations
