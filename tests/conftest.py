@@ -564,7 +564,7 @@ def s3_server() -> Iterator[str]:
 
 
 def tier_of(prefix: str, storage: str, name: str) -> RemoteTier:
-    """The remote tier of study `name` in the bucket (`.tier`: the S3Tier): its folder there is named by its identity."""
+    """The remote tier of study `name` in the bucket (`.tier`: its S3Tier), its folder there named by its identity."""
     import optuna
 
     return RemoteTier(S3Tier(prefix, optuna.load_study(study_name=name, storage=storage).user_attrs["remote_root"]))

@@ -219,8 +219,8 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
         # readers) is set anew wherever it differs, also for a trial killed between ask and set.
         ckpt_dir = str(config.checkpoint_dir(claimed.number))
         recorded = frozen.user_attrs.get(CHECKPOINT_DIR)
-        if (recorded and recorded != ckpt_dir and config.study.checkpoint.remote is None and newest_step(ckpt_dir) is None
-                and newest_step(recorded) is not None):
+        if (recorded and recorded != ckpt_dir and config.study.checkpoint.remote is None
+                and newest_step(ckpt_dir) is None and newest_step(recorded) is not None):
             # Not a moved study (its folder would have the steps) but another workdir for the same
             # storage (a relative default workdir run from another directory): keep the trial's work.
             # Not with a bucket: workdirs are then each host's own and the trial comes from the bucket

@@ -2,9 +2,10 @@
 
 A `Session` is built from a validated config. It alone opens the RDB storage, holds the Optuna
 study and its id, the claims, the progress sink and the compilation-cache folder (a study's
-checkpoints are sweep/checkpoints/study_checkpoints.py's, composed with the session by the run loop); the scheduler, status, progress, export, plot, drill and best
-take the session. It, storage.py (opening the storage; narrow reads of Optuna's tables) and samplers.py
-(the restart-proof sampler) are the only modules that touch Optuna internals; each touch says why.
+checkpoints are sweep/checkpoints/study_checkpoints.py's, composed with the session by the run
+loop); the scheduler, status, progress, export, plot, drill and best take the session. It,
+storage.py (opening the storage; narrow reads of Optuna's tables) and samplers.py (the
+restart-proof sampler) are the only modules that touch Optuna internals; each touch says why.
 """
 
 from __future__ import annotations

@@ -117,8 +117,8 @@ class Checkpoint(StrictModel):
     def _check_remote(self) -> Checkpoint:
         for scheme, path in self.tiers.items():
             if scheme == "s3" or not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
-                raise ValueError(f"tiers: must name URL schemes (lowercase letters, digits, +.-) other than the built-in "
-                                 f"s3, got {scheme!r}")
+                raise ValueError(f"tiers: must name URL schemes (lowercase letters, digits, +.-) other than "
+                                 f"the built-in s3, got {scheme!r}")
             if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", path):
                 raise ValueError(f"tiers.{scheme}: must be a tier class's import path, module:Class, got {path!r}")
         if self.remote is None or self.remote.partition("://")[0] in self.tiers and "://" in self.remote:

@@ -69,7 +69,8 @@ class MirrorTier:
         except (OSError, ValueError):
             return False
         data = self._data(trial, step)
-        return all((data / rel).is_file() and (data / rel).stat().st_size == size for rel, size in mark["files"].items())
+        return all((data / rel).is_file() and (data / rel).stat().st_size == size
+                   for rel, size in mark["files"].items())
 
     def fetch(self, trial: str, step: int, folder: Path) -> None:
         mark = self._read_mark(trial, step)

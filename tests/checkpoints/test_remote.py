@@ -1,6 +1,6 @@
-"""Checkpoints on S3-compatible storage (sweep/checkpoints/s3.py, behind sweep/checkpoints/remote.py) against
-a real S3 server on localhost (moto's server mode, started by the test): uploads with a commit marker last, a kill mid-upload,
-resume and takeover from the bucket by a host with an empty disk, export reading only the bucket."""
+"""Checkpoints on S3-compatible storage (sweep/checkpoints/s3.py, behind sweep/checkpoints/remote.py)
+against a real S3 server on localhost (moto's server mode, started by the test): uploads with a
+commit marker last, a kill mid-upload, resume and takeover from the bucket by a host with an empty disk, export reading only the bucket."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_remote_tier_mirrors_the_kept_steps_and_a_kill_mid_upload_leaves_no_step
     assert tier.steps("trial_0000") == saved_steps(folder)  # retention on both tiers
     # A kill mid-upload: the files of a step but no marker. No reader takes it; the next prune
     # (after the next upload) removes it.
-    tier.tier.client.put_object(Bucket=BUCKET, Key=f"{tier.tier.root}/checkpoints/trial_0000/25/default/x", Body=b"half")
+    tier.tier.client.put_object(Bucket=BUCKET, Key=f"{tier.tier.root}/checkpoints/trial_0000/25/default/x",
+                                Body=b"half")
     assert 25 not in tier.steps("trial_0000")
     # A host with an empty disk gets every committed step back, checksums included.
     other = here / "elsewhere" / "trial_0000"
