@@ -535,13 +535,14 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
     local = {p.name for h in hosts for p in (h.folder / "runs" / name / "checkpoints").glob("trial_*")
              if any(s.name.isdigit() for s in p.iterdir())}
     from sweep.checkpoints.remote import RemoteTier
+    from sweep.checkpoints.s3 import S3Tier
 
     env_saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                                 "AWS_DEFAULT_REGION")}
     os.environ.update({k: env[k] for k in env_saved})
     try:
-        tier = RemoteTier(f"s3://{BUCKET}/campaign", optuna.load_study(study_name=name,
-                                                                     storage=storage).user_attrs["remote_root"])
+        tier = RemoteTier(S3Tier(f"s3://{BUCKET}/campaign",
+                                 optuna.load_study(study_name=name, storage=storage).user_attrs["remote_root"]))
         remote = {f"trial_{t.number:04d}" for t in trials if tier.steps(f"trial_{t.number:04d}")}
     finally:
         for k, v in env_saved.items():

@@ -31,6 +31,7 @@ from pathlib import Path
 import harness
 
 from sweep.checkpoints.remote import RemoteTier
+from sweep.checkpoints.s3 import S3Tier
 from sweep.host.signals import StopSignal
 from sweep.train import loop as runner
 from sweep.train.ledger import RunLedger
@@ -87,7 +88,7 @@ def main() -> None:
         config = harness.example(root, "benchmarks/large_state.yaml", train={"steps": args.steps,
                                  "eval_every": args.steps}, checkpoint={"every_steps": args.every,
                                                                         "every_seconds": None, "max_write_share": None})
-        tier = RemoteTier(f"s3://{BUCKET}/bench", config.name)
+        tier = RemoteTier(S3Tier(f"s3://{BUCKET}/bench", config.name))
         hp = config.hyperparameters({"learning_rate": 1e-3})
         counter = iter(range(10**6))
 
@@ -125,9 +126,9 @@ def main() -> None:
 
         def plain(r: int) -> float:
             prefix = f"plain/{next(plain_counter)}/"
-            return harness.timed(lambda: [tier.client.upload_file(str(p), BUCKET, prefix + p.name) for p in files])
+            return harness.timed(lambda: [tier.tier.client.upload_file(str(p), BUCKET, prefix + p.name) for p in files])
 
-        upload = harness.alternate({"sweep": lambda r: harness.timed(lambda: tier._upload(folder, step, None)),
+        upload = harness.alternate({"sweep": lambda r: harness.timed(lambda: tier.tier.commit(folder, step)),
                                     "boto3": plain}, args.rounds)
         ratio = harness.report(f"upload of one step ({size / 1e6:.1f} MB, {len(files)} files)", "sweep", "boto3",
                                upload, "none (throughput)")

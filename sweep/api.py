@@ -93,10 +93,12 @@ class StudySession:
         from sweep.host.signals import StopSignal
         from sweep.run.pool import dask_client, run_workers
         from sweep.store import warm_start
+        from sweep.checkpoints.tiers import tier_class
         from sweep.store.samplers import check_config
 
         config = self.config
         check_config(config)
+        tier_class(config)  # checkpoint.remote's tier imports and is one (exit 2 before anything is written)
         warm_start.check(config)  # the other study exists (nothing created before)
         self._session.start_plan = self._check_before_run()  # its lines as the run starts: not read twice
         # The quick exit of a run still starting up only where this process runs every trial
@@ -157,9 +159,11 @@ class StudySession:
         """
         from sweep.run import plan as plan_lib
         from sweep.run import preflight
+        from sweep.checkpoints.tiers import tier_class
         from sweep.store.samplers import check_config
 
         check_config(self.config)  # sampler/pruner arguments, as `run` checks them first
+        tier_class(self.config)  # and the tier of checkpoint.remote
         plan = plan_lib.make(self._session)
         if not plan.refused:
             preflight.check(self.config)

@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial
 
 from sweep.__main__ import main
 from sweep.checkpoints.remote import RemoteTier
+from sweep.checkpoints.s3 import S3Tier
 from sweep.errors import Interrupted
 from sweep.host.signals import StopSignal
 from sweep.run import worker as scheduler
@@ -592,10 +593,10 @@ def s3_server() -> Iterator[str]:
 
 
 def tier_of(prefix: str, storage: str, name: str) -> RemoteTier:
-    """The remote tier of study `name`: its folder in the bucket is named by its identity."""
+    """The remote tier of study `name` in the bucket (`.tier`: its S3Tier), its folder there named by its identity."""
     import optuna
 
-    return RemoteTier(prefix, optuna.load_study(study_name=name, storage=storage).user_attrs["remote_root"])
+    return RemoteTier(S3Tier(prefix, optuna.load_study(study_name=name, storage=storage).user_attrs["remote_root"]))
 
 
 # --- from tests/test_release_json.py (shared with other test files) ---

@@ -1,5 +1,7 @@
 """Checkpoints: one trial's folder (the only user of Orbax), integrity, packing, the committed
-steps, the study-wide disk budget, and the tiers behind the local folder.
+steps, the study-wide disk budget, and the tiers behind the local folder: the CheckpointTier
+protocol and its registry (tiers.py), the S3 bucket (s3.py), what runs against any tier (remote.py),
+and a study's checkpoints in one process (study_checkpoints.py).
 
 May import: sweep's top-level errors, words and results, and the families below it: host, trial, study, store.
 Never imports a family above it (tests/test_structure.py holds the order)."""

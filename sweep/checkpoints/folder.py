@@ -28,6 +28,7 @@ from sweep.checkpoints import integrity, packing
 from sweep.checkpoints.steps import step_dirs as _step_dirs
 from sweep.errors import DiskFault
 from sweep.host import cpu_time
+from sweep.study.config import Config
 
 log = logging.getLogger("sweep")
 
@@ -174,6 +175,13 @@ class TrialCheckpoints:
         # A PBT member's latest exploit step (sweep/schedulers/pbt.py): its steps below it are another lineage,
         # never resumed from; with none intact at or above it the trial fails, loudly.
         self.restore_floor = 0
+
+    @classmethod
+    def of_study(cls, config: Config, number: int, directory: Path, **options: Any) -> TrialCheckpoints:
+        """Trial `number`'s folder with the study's retention settings; `options`: the constructor's."""
+        c, objective = config.study.checkpoint, config.study.objective
+        return cls(directory, objective.metric, objective.direction, c.keep_last, c.keep_best,
+                   label=f"trial {number}", **options)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

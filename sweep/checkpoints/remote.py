@@ -1,97 +1,84 @@
-"""Checkpoints on S3-compatible object storage: the remote tier behind the local checkpoint folders.
+"""The remote tier behind the local checkpoint folders, written once against the tier protocol
+(sweep/checkpoints/tiers.py; the S3 bucket is one tier, sweep/checkpoints/s3.py):
 
-The only module that imports boto3 (any S3-compatible endpoint: boto3 reads `AWS_ENDPOINT_URL`
-and the credentials from the standard environment). Orbax cannot write to `s3://` (orbax#359)
-and its multi-tier checkpointing is experimental, so the tier is written here:
-
-- every step is committed locally first (training never waits for the network), then uploaded by
-  a background thread: the step's files, its checksum, and last a commit marker
-  (`<root>/commits/<trial>/<step>`, a manifest of the files and their sizes). A step counts as
-  remote only once its marker is there, so a kill mid-upload leaves nothing a reader takes as
-  complete (ray#6226, orbax#394 shipped or lost half-copied checkpoints);
-- the bucket mirrors the local layout under `s3://bucket/prefix/<study>/checkpoints/`; retention
-  follows the local folder (a step Orbax removed there is removed here, marker first);
-- a resume or takeover downloads the committed steps its local folder lacks (a new host with an
-  empty disk resumes from the bucket), and uploads the local steps the bucket lacks.
+- every step is committed locally first (training never waits for the network), then committed
+  to the tier by a background thread, retried with backoff; a step counts as remote only once the
+  tier committed it whole (its mark last);
+- the tier follows the local folder's retention (a step Orbax removed there is removed there too);
+- a resume or takeover fetches the committed steps its local folder lacks (a new host with an
+  empty disk resumes from the tier), and queues the local steps the tier lacks.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Iterable
 
-from sweep.checkpoints import integrity
 from sweep.checkpoints.steps import kept_steps
+from sweep.checkpoints.tiers import CheckpointTier, open_tier
+from sweep.store.session import REMOTE_ROOT_ATTR, Session
 from sweep.words import numbered
 
 log = logging.getLogger("sweep")
-UPLOAD_ATTEMPTS = 5  # per step, with backoff: a bucket away for a while is retried, then left for the next run
+UPLOAD_ATTEMPTS = 5  # per step, with backoff: a tier away for a while is retried, then left for the next run
 
 
-def parse(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of "s3://bucket/prefix"."""
-    rest = url[len("s3://"):]
-    bucket, _, prefix = rest.partition("/")
-    return bucket, prefix.strip("/")
+def open_remote(session: Session) -> RemoteTier | None:
+    """The study's remote tier, or None without checkpoint.remote.
+
+    Its folder in the tier is named by the study's identity (`remote_root`), not by its name
+    alone: a study deleted and created again under the same name must not find the old one's
+    checkpoints (a fresh trial 0 would resume from them).
+
+    Raises:
+        ConfigError: the tier's class named in the study file does not import or is no tier.
+    """
+    if session.config.study.checkpoint.remote is None:
+        return None
+    root = session.storage.get_study_user_attrs(session.study_id).get(REMOTE_ROOT_ATTR, session.config.name)
+    tier = open_tier(session.config, root)
+    return RemoteTier(tier) if tier is not None else None
+
+
+def remote_steps(session: Session, numbers: Iterable[int]) -> dict[int, list[int]] | None:
+    """Trial number (of `numbers`) -> its committed steps in the tier, ascending, from one listing;
+    None without checkpoint.remote or where the tier cannot be read (readers then show what is local)."""
+    remote = open_remote(session)
+    if remote is None:
+        return None
+    try:
+        found = remote.all_steps()
+    except Exception:  # noqa: BLE001 - the network, the endpoint, credentials
+        return None
+    return {n: found[name] for n in numbers if (name := session.config.checkpoint_dir(n).name) in found}
 
 
 class RemoteTier:
-    """One study's checkpoints in a bucket: uploads in a background thread, downloads on demand."""
+    """One study's checkpoints in a tier: commits in a background thread, fetches on demand."""
 
-    def __init__(self, url: str, study: str) -> None:
-        import boto3
-
-        self.url = url
-        self.bucket, prefix = parse(url)
-        self.root = "/".join(p for p in (prefix, study) if p)
-        self.client = boto3.client("s3")
+    def __init__(self, tier: CheckpointTier) -> None:
+        self.tier = tier
+        self.url = tier.url
         self._queue: queue.Queue[tuple[Path, int, Callable[[], None] | None] | None] = queue.Queue()
         self._pending = 0
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
         self.uploaded_seconds = 0.0  # the uploader's time (benchmarks/remote.py)
 
-    # --- keys ----------------------------------------------------------------------------------
-
-    def _data(self, trial: str, step: int) -> str:
-        return f"{self.root}/checkpoints/{trial}/{step}/"
-
-    def _sums(self, trial: str, step: int) -> str:
-        return f"{self.root}/checkpoints/{trial}.sums/{step}{integrity.SIDE_SUFFIX}"
-
-    def _marker(self, trial: str, step: int) -> str:
-        return f"{self.root}/commits/{trial}/{step}"
-
-    def _list(self, prefix: str, delimiter: str | None = None) -> list[dict[str, Any]]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix, **({"Delimiter": delimiter} if delimiter else {}))
-        found: list[dict[str, Any]] = []
-        for page in pages:
-            found += page.get("Contents", []) + page.get("CommonPrefixes", [])
-        return found
-
     # --- what is there -------------------------------------------------------------------------
 
     def steps(self, trial: str) -> list[int]:
-        """The committed (marked) steps of `trial` in the bucket, ascending."""
-        prefix = f"{self.root}/commits/{trial}/"
-        return sorted(int(o["Key"][len(prefix):]) for o in self._list(prefix) if o["Key"][len(prefix):].isdigit())
+        """The committed steps of `trial` in the tier, ascending."""
+        return self.tier.list(trial).get(trial, [])
 
     def all_steps(self) -> dict[str, list[int]]:
         """trial folder name -> its committed steps, ascending, for every trial of the study (one listing)."""
-        prefix = f"{self.root}/commits/"
-        found: dict[str, list[int]] = {}
-        for o in self._list(prefix):
-            trial, _, step = o["Key"][len(prefix):].partition("/")
-            if step.isdigit():
-                found.setdefault(trial, []).append(int(step))
-        return {trial: sorted(steps) for trial, steps in found.items()}
+        return self.tier.list()
 
     # --- upload --------------------------------------------------------------------------------
 
@@ -133,7 +120,7 @@ class RemoteTier:
             return  # retention removed it locally before its turn: uploads never lag behind by more than a queue
         for attempt in range(UPLOAD_ATTEMPTS):
             try:
-                self._upload(folder, step, fence)
+                self.tier.commit(folder, step, fence)
                 if fence is not None:
                     fence()  # a worker that lost its trial removes nothing of the new owner's
                 self.prune(folder)
@@ -149,48 +136,17 @@ class RemoteTier:
                     return
                 time.sleep(min(30.0, 0.5 * 2 ** attempt))
 
-    def _upload(self, folder: Path, step: int, fence: Callable[[], None] | None) -> None:
-        step_dir = folder / str(step)
-        files = {}
-        for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
-            rel = path.relative_to(step_dir).as_posix()
-            files[rel] = path.stat().st_size
-            self.client.upload_file(str(path), self.bucket, self._data(folder.name, step) + rel)
-        self.client.upload_file(str(integrity.checksum_file(folder, step)), self.bucket, self._sums(folder.name, step))
-        if fence is not None:
-            fence()  # a worker that lost its trial never marks a step over the new owner's
-        manifest = {"files": files, "sha256": integrity.read_checksum(folder, step)}
-        self.client.put_object(Bucket=self.bucket, Key=self._marker(folder.name, step),
-                               Body=json.dumps(manifest).encode())
-
     def prune(self, folder: Path, everything: bool = False) -> None:
-        """Remove from the bucket the steps of `folder`'s trial that its local folder no longer
-        keeps (marker first: from then on no reader takes the step), and leftovers of uploads a
-        kill cut short. Steps the local folder keeps are left, uploaded or not, and so are steps
+        """Remove from the tier the steps of `folder`'s trial that its local folder no longer
+        keeps (mark first: from then on no reader takes the step), and leftovers of commits a
+        kill cut short. Steps the local folder keeps are left, committed or not, and so are steps
         newer than its newest (another host's, which this folder never saw). `everything`: the
         trial's checkpoints were removed (checkpoint.keep_trials): all of them go."""
         kept = set(kept_steps(folder))
         newest = max(kept, default=-1)
-
-        def doomed(step: int) -> bool:
-            return everything or (step not in kept and step < newest)
-
-        trial = folder.name
-        for step in self.steps(trial):
-            if doomed(step):
-                self.client.delete_object(Bucket=self.bucket, Key=self._marker(trial, step))
-        prefix = f"{self.root}/checkpoints/{trial}/"
-        marked = set(self.steps(trial))
-        for entry in self._list(prefix, delimiter="/"):
-            name = entry.get("Prefix", "")[len(prefix):].strip("/")
-            if name.isdigit() and doomed(int(name)) and (everything or int(name) not in marked):
-                self._delete_prefix(entry["Prefix"])
-                self.client.delete_object(Bucket=self.bucket, Key=self._sums(trial, int(name)))
-
-    def _delete_prefix(self, prefix: str) -> None:
-        keys = [{"Key": o["Key"]} for o in self._list(prefix)]
-        for i in range(0, len(keys), 1000):
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i:i + 1000]})
+        for step in self.tier.list(folder.name, partial=True).get(folder.name, []):
+            if everything or (step not in kept and step < newest):
+                self.tier.remove(folder.name, step)
 
     def close(self) -> None:
         """Stop the uploader thread once the uploads queued so far are done."""
@@ -208,26 +164,7 @@ class RemoteTier:
                 self._idle.wait(left)
         return True
 
-    # --- download ------------------------------------------------------------------------------
-
-    def download(self, trial: str, step: int, folder: Path) -> None:
-        """Download committed step `step` of `trial` into `folder` as a committed local step
-        (its checksum first, the step folder by rename, as a save commits)."""
-        body = self.client.get_object(Bucket=self.bucket, Key=self._marker(trial, step))["Body"].read()
-        manifest = json.loads(body)
-        integrity.sums_dir(folder).mkdir(parents=True, exist_ok=True)
-        self.client.download_file(self.bucket, self._sums(trial, step), str(integrity.checksum_file(folder, step)))
-
-        def fill(tmp: Path) -> None:
-            for rel, size in manifest["files"].items():
-                target = tmp / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self.client.download_file(self.bucket, self._data(trial, step) + rel, str(target))
-                if target.stat().st_size != size:
-                    raise OSError(f"{trial} step {step}: {rel} is {target.stat().st_size} bytes in {self.url}, "
-                                  f"its manifest says {size}")
-
-        integrity.install_step(folder, step, fill, "downloading")
+    # --- takeover ------------------------------------------------------------------------------
 
     def fetch_missing(self, folder: Path, label: str) -> list[int]:
         """Download the committed steps of `folder`'s trial that the local folder lacks; the steps
@@ -245,7 +182,7 @@ class RemoteTier:
             if missing:
                 folder.mkdir(parents=True, exist_ok=True)
             for step in missing:
-                self.download(folder.name, step, folder)
+                self.tier.fetch(folder.name, step, folder)
             if missing:
                 log.info("%s: fetched %s from %s", label, numbered("step", missing), self.url)
             return missing
@@ -265,7 +202,7 @@ class RemoteTier:
                 self.upload(folder, step, fence)
 
 
-def upload_finished(session: Any) -> int:
+def upload_finished(session: Session, remote: RemoteTier | None) -> int:
     """Queue the steps of this host's finished trials that the bucket lacks; how many.
 
     A run that ended while the bucket was away (exit 1) left its last uploads local, and a
@@ -278,7 +215,6 @@ def upload_finished(session: Any) -> int:
 
     from sweep.store.record import LAST_STEP
 
-    remote = session.remote
     if remote is None:
         return 0
     done = [n for n, s in session.trial_states().items() if s in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -302,9 +238,8 @@ def upload_finished(session: Any) -> int:
     return queued
 
 
-def upload_within_grace(session: Any, number: int, folder: Path, seconds: float) -> None:
+def upload_within_grace(remote: RemoteTier | None, number: int, folder: Path, seconds: float) -> None:
     """After a signal's save: give its upload to the bucket what is left of the grace period."""
-    remote = session.remote
     if remote is None:
         return
     if not remote.wait(max(0.0, seconds)):

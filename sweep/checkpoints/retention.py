@@ -22,15 +22,20 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.checkpoints import integrity
 from sweep.errors import CheckpointsRemoved, DiskFault
 from sweep.store.record import BEST_STEP, checkpoint_folder
+from sweep.store.session import Session
+from sweep.study.config import Config
 from sweep.study.constraints import feasible
 from sweep.words import size as size_text
+
+if TYPE_CHECKING:
+    from sweep.checkpoints.remote import RemoteTier
 
 log = logging.getLogger("sweep")
 REMOVED_ATTR = "checkpoints_removed:"  # + trial number: why its checkpoints were removed (study attr)
@@ -85,13 +90,13 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-def study_bytes(session: Any) -> int:
+def study_bytes(session: Session) -> int:
     """The study's checkpoint bytes: every trial folder with its checksums and quarantine."""
     root = session.config.workdir / "checkpoints"
     return folder_bytes(root)
 
 
-def removed(session: Any) -> dict[int, str]:
+def removed(session: Session) -> dict[int, str]:
     """number -> why its checkpoints were removed, for every trial whose were."""
     attrs = session.storage.get_study_user_attrs(session.study_id)
     return {int(k[len(REMOVED_ATTR):]): v for k, v in attrs.items() if k.startswith(REMOVED_ATTR) and v}
@@ -134,7 +139,7 @@ def _exclusive(folder: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
+def remove_trial(session: Session, remote: RemoteTier | None, t: FrozenTrial, folder: Path, why: str) -> int:
     """Remove trial `t`'s checkpoints (the reason recorded first, under the folder's exclusive lock);
     bytes freed, 0 if a reader holds the folder (a later pass takes it)."""
     freed = 0
@@ -145,7 +150,7 @@ def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
                 return 0
             session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
             freed = _remove_tree(folder)
-    elif session.remote is not None:
+    elif remote is not None:
         # No folder here (another host trained it): the bucket's copy is the study's, and it goes
         # now, so the removal is recorded first too; the other host's local copy goes at its next
         # pass (at the latest as its run ends). Unrecorded, an export would look for the steps
@@ -153,15 +158,15 @@ def remove_trial(session: Any, t: FrozenTrial, folder: Path, why: str) -> int:
         session.set_study_attr(f"{REMOVED_ATTR}{t.number}", why)
     for sibling in (integrity.sums_dir(folder), integrity.quarantine_dir(folder)):  # also after a kill
         freed += _remove_tree(sibling)
-    if session.remote is not None:  # the bucket follows the local folder (markers first)
+    if remote is not None:  # the tier follows the local folder (marks first)
         with contextlib.suppress(Exception):
-            session.remote.prune(folder, everything=True)
+            remote.prune(folder, everything=True)
     if freed:
         log.info("trial %d: checkpoints removed (%s), %s freed", t.number, why, size_text(freed))
     return freed
 
 
-def remove_steps(session: Any, t: FrozenTrial, folder: Path, keep: set[int]) -> int:
+def remove_steps(remote: RemoteTier | None, t: FrozenTrial, folder: Path, keep: set[int]) -> int:
     """Remove the committed steps of finished trial `t` other than `keep`; bytes freed."""
     freed = 0
     with _exclusive(folder) as mine:
@@ -174,9 +179,9 @@ def remove_steps(session: Any, t: FrozenTrial, folder: Path, keep: set[int]) -> 
                 with contextlib.suppress(FileNotFoundError):
                     freed += sums.stat().st_size
                     sums.unlink()
-    if freed and session.remote is not None:
+    if freed and remote is not None:
         with contextlib.suppress(Exception):
-            session.remote.prune(folder)
+            remote.prune(folder)
     if freed:
         log.info("trial %d: steps other than %s removed (checkpoint.max_disk), %s freed", t.number,
                  sorted(keep), size_text(freed))
@@ -201,7 +206,7 @@ def _leftovers(root: Path) -> None:
                         shutil.rmtree(inner.path, ignore_errors=True)
 
 
-def _ranked(session: Any, finished: list[FrozenTrial]) -> list[FrozenTrial]:
+def _ranked(session: Session, finished: list[FrozenTrial]) -> list[FrozenTrial]:
     """The COMPLETE trials, best first (ties: lower number first); with constraints, the feasible
     ones before the infeasible ones (which are never best)."""
     sign = session.config.study.objective.sign
@@ -224,7 +229,7 @@ class Removal:
 class _Budget:
     """The study's finished trials as the budget sees them: ranked, with their folders."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Session) -> None:
         self.config = session.config.study.checkpoint
         self.finished = session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
         self.ranked = _ranked(session, self.finished)
@@ -283,7 +288,7 @@ def _steps_of(folder: Path, keep: set[int]) -> tuple[list[int], int]:
     return steps, total
 
 
-def planned(session: Any) -> list[Removal]:
+def planned(session: Session) -> list[Removal]:
     """What `enforce` would remove now, at the start of a run (`plan` shows it). Removes nothing.
 
     A removal the run makes later (a trial that finishes pushes another out of the budget) is
@@ -315,7 +320,7 @@ def planned(session: Any) -> list[Removal]:
     return out
 
 
-def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
+def enforce(session: Session, remote: RemoteTier | None, needed: int = 0, leftovers: bool = False) -> int:
     """Apply keep_trials, then (if `max_disk` is set) make the study's checkpoints fit with
     `needed` more bytes; returns the study's checkpoint bytes after that (0 without max_disk).
     `leftovers`: first delete what removals cut short by a kill left behind.
@@ -335,37 +340,37 @@ def enforce(session: Any, needed: int = 0, leftovers: bool = False) -> int:
     for number in void:
         session.set_study_attr(f"{REMOVED_ATTR}{number}", None)
     for t, folder, why in outside:
-        remove_trial(session, t, folder, why)
-    if session.remote is not None and c.keep_trials is not None:
-        _reconcile_bucket(session, budget)
+        remove_trial(session, remote, t, folder, why)
+    if remote is not None and c.keep_trials is not None:
+        _reconcile_tier(session.config, remote, budget)
     if c.max_disk is None:
         return 0
     used = study_bytes(session)
     for t, folder, best in budget.strippable(set()):
         if used + needed <= c.max_disk:
             break
-        used -= remove_steps(session, t, folder, {best})
+        used -= remove_steps(remote, t, folder, {best})
     return used
 
 
-def _reconcile_bucket(session: Any, budget: _Budget) -> None:
+def _reconcile_tier(config: Config, remote: RemoteTier, budget: _Budget) -> None:
     """The bucket keeps no more than keep_trials either: a finished trial outside the best K whose
     local folder is gone but whose steps are still in the bucket (its prune cut short by an outage,
     or an upload of another host that landed after it: found by the chaos campaign) is pruned
     again. One listing of the bucket's commit markers per pass."""
     kept = {t.number for t in budget.ranked[:budget.config.keep_trials]}
     try:
-        in_bucket = session.remote.all_steps()
+        in_bucket = remote.all_steps()
     except Exception:  # noqa: BLE001 - the bucket is away: the next pass tries again
         return
     for t in budget.finished:
-        folder = session.config.checkpoint_dir(t.number)
+        folder = config.checkpoint_dir(t.number)
         if t.number not in kept and in_bucket.get(folder.name) and not folder.exists():
             with contextlib.suppress(Exception):
-                session.remote.prune(folder, everything=True)
+                remote.prune(folder, everything=True)
 
 
-def make_room(session: Any, number: int, step: int, needed: int, folder: Path) -> None:
+def make_room(session: Session, remote: RemoteTier | None, number: int, step: int, needed: int, folder: Path) -> None:
     """Before trial `number` writes step `step` (~`needed` bytes): evict what the budget's order
     allows; raise DiskFault (exit 1, the trial resumable) if the study would still exceed max_disk."""
     from sweep.checkpoints.steps import newest_step
@@ -376,7 +381,7 @@ def make_room(session: Any, number: int, step: int, needed: int, folder: Path) -
     newest = newest_step(folder)
     needed = folder_bytes(folder / str(newest)) if newest is not None else needed + FIRST_STEP_OVERHEAD_BYTES
     try:
-        used = enforce(session, needed)
+        used = enforce(session, remote, needed)
     except Exception as exc:  # noqa: BLE001 - removing other trials' steps failed: not this trial's fault
         raise DiskFault(f"trial {number}: cannot make room under checkpoint.max_disk for its checkpoint of step "
                         f"{step} in {folder} ({type(exc).__name__}: {exc}); its committed steps are intact and it "

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.checkpoints.remote import RemoteTier, open_remote
 from sweep.errors import SweepError
 from sweep.store import record
 from sweep.store.record import DATA_SHAPES_ATTR, best_step, checkpoint_folder, metrics_at
@@ -39,12 +40,13 @@ class BestState:
         return jax.tree.map(np.asarray, self.kind.variables(self.state["params"], self.state.get("model_state", {})))
 
 
-def best_state(config: Config, trial: FrozenTrial, removed: str | None = None, remote: Any = None) -> BestState:
+def best_state(config: Config, trial: FrozenTrial, removed: str | None = None,
+               remote: RemoteTier | None = None) -> BestState:
     """The trial's best checkpoint, checksum-verified, held against removal while it is read.
 
     Read-only: a damaged step is an error here; quarantine and fallback are for resuming.
 
-    `remote`: the study's remote tier (`Session.remote`), read where the local folder lacks the step.
+    `remote`: the study's remote tier (`remote.open_remote`), read where the local folder lacks the step.
 
     Raises:
         CheckpointsRemoved: the study's disk budget removed them (`removed` says why).
@@ -65,10 +67,10 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None, r
         with tempfile.TemporaryDirectory(prefix="sweep-remote-") as tmp:
             local = Path(tmp) / Path(directory).name
             local.mkdir()
-            if step not in remote.steps(local.name):
+            if not remote.tier.verify(local.name, step):
                 raise SweepError(f"trial {trial.number}: its best step {step} is neither in {directory} nor in "
                                  f"{remote.url}")
-            remote.download(local.name, step, local)
+            remote.tier.fetch(local.name, step, local)
             return _restore(config, trial, local, step, value, fresh)
     with reading(Path(directory), trial.number, removed):
         return _restore(config, trial, Path(directory), step, value, fresh)
@@ -114,7 +116,7 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
     from sweep.train.state import run_hyperparameters
     from sweep.trial.protocol import trial_data
 
-    restored = best_state(config, best, remote=session.remote)
+    restored = best_state(config, best, remote=open_remote(session))
     hp = run_hyperparameters(config, config.hyperparameters(record.params_in_force(best)))
     metrics = _jitted("test", config, hp, restored.kind)(restored.state["params"],
                                                            restored.state.get("model_state", {}),
@@ -169,7 +171,7 @@ def load_trial(session: Session, trial: int | None = None) -> LoadedTrial:
 
     config = session.open(create=False).config
     frozen = _pick(session, trial)
-    restored = best_state(config, frozen, remote=session.remote)
+    restored = best_state(config, frozen, remote=open_remote(session))
     hp = config.hyperparameters(record.params_in_force(frozen))
     state = restored.state
     model = restored.kind.model(config.trial_module, run_hyperparameters(config, hp), state["params"],

@@ -15,6 +15,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.checkpoints import retention
+from sweep.checkpoints.remote import open_remote
 from sweep.commands.best import best_state
 from sweep.commands.export_format import flatten
 from sweep.errors import CheckpointsRemoved, SweepError
@@ -128,8 +129,9 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     pbt_on = config.study.scheduler is not None and config.study.scheduler.type == "pbt"
+    remote = open_remote(session)
     for t in trials:
-        restored = best_state(config, t, remote=session.remote)
+        restored = best_state(config, t, remote=remote)
         step, value = restored.step, restored.value
         variables = restored.variables()
         params = variables.pop("params")

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import kept_steps
 from sweep.errors import SweepError
 from sweep.store.record import BEST_STEP, RESUMED_FROM, best_of_reports, checkpoint_folder, history, reports
@@ -39,7 +40,7 @@ def plot(session: Session, out: Path) -> list[Path]:
         raise SweepError(f"study {config.name!r} has no trial with a report yet; nothing to plot")
     out.mkdir(parents=True, exist_ok=True)
     written = _study_figures(study, out, config)
-    remote = session.remote_steps(t.number for t in trials) or {}  # checkpoints kept in the bucket
+    remote = remote_steps(session, (t.number for t in trials)) or {}  # checkpoints kept in the bucket
     for t in sorted(trials, key=lambda t: t.number):
         if t.intermediate_values:
             written += _learning_curve(config, t, out / "curves", remote.get(t.number, []))

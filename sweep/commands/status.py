@@ -8,6 +8,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.checkpoints import retention
+from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import newest_mtime, newest_step
 from sweep.results import StudyStatus, TrialStatus
 from sweep.store.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP, LINEAGE,
@@ -46,8 +47,8 @@ def collect(session: Session) -> StudyStatus:
         for entry, t in zip(entries, trials):
             entry["lineage"] = t.user_attrs.get(LINEAGE, [])
             entry["params_in_force"] = params_in_force(t)  # the table shows these
-    if session.remote is not None:  # the newest step each trial has in the bucket
-        remote = session.remote_steps(t.number for t in trials) or {}
+    if config.study.checkpoint.remote is not None:  # the newest step each trial has in the tier
+        remote = remote_steps(session, (t.number for t in trials)) or {}
         for entry in entries:
             entry["remote_step"] = remote.get(entry["number"], [None])[-1]
     return {

@@ -14,6 +14,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep.checkpoints import retention
+from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import newest_step
 from sweep.store import enqueue
 from sweep.store.record import checkpoint_folder, paused_rung
@@ -73,7 +74,7 @@ def make(session: Session) -> Plan:
     running = session.running()
     live = session.live_numbers(running)
     orphans = [t.number for t in running if t.number not in live]
-    remote = (session.remote_steps(orphans) or {}) if orphans else {}
+    remote = (remote_steps(session, orphans) or {}) if orphans else {}
     return Plan(
         exists=True,
         finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},

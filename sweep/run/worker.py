@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.checkpoints import retention
 from sweep.checkpoints.remote import upload_finished, upload_within_grace
+from sweep.checkpoints.study_checkpoints import StudyCheckpoints
 from sweep.checkpoints.steps import newest_step
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.host import slots
@@ -33,6 +34,7 @@ from sweep.tracking.curves import Tracker, TrialLog, trial_start
 from sweep.train.compiled import forget_taken_grid_points
 from sweep.train.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.train.loop import Outcome, TrialEvents, run_trial
+from sweep.train.state import OPTIONAL_KEYS
 from sweep.trial import code as trial_code
 from sweep.trial import guard as trial_guard
 from sweep.words import count, numbered
@@ -56,10 +58,12 @@ def run(session: Session, stop: StopSignal) -> None:
         Interrupted: on SIGTERM/SIGINT, after the running trial was checkpointed.
     """
     tracker = Tracker.of(session.config)  # its writers are made (mlflow's import) while the run starts up
+    ckpts = StudyCheckpoints(session, OPTIONAL_KEYS)
     try:
-        code, finished_at_start = _start(session)
+        code, finished_at_start = _start(session, ckpts)
     except BaseException:
         tracker.close(0.0)
+        ckpts.close()
         raise
     config, claims = session.config, session.claims
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
@@ -71,33 +75,34 @@ def run(session: Session, stop: StopSignal) -> None:
             with claims.ask_lock():
                 claimed = _next_trial(session, deadline)
             if claimed is not None:
-                _run_claimed(session, claimed, stop, code, tracker)
+                _run_claimed(session, ckpts, claimed, stop, code, tracker)
             elif _others_running(session) and not _past(deadline):
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
                 break
-        _wait_uploads(session)
+        _wait_uploads(ckpts)
         # One more pass as the run ends: the ranking is final now, and only this host can remove
         # its own stale copies (a trial it was interrupted on that another host finished after
         # this host's last pass: found by the chaos campaign). After the uploads, so that none of
         # them marks a step in the bucket after the pass pruned it; not where no trial finished
         # since the start's pass (a finished study run again: the pass reads every trial).
         if _finished(session) != finished_at_start:
-            _after_finish(session)
-            _wait_uploads(session)  # the final steps it found missing in the bucket
+            _after_finish(session, ckpts)
+            _wait_uploads(ckpts)  # the final steps it found missing in the bucket
     finally:
         claims.stop_heartbeat()
         grace = stop.grace_left() - 1.0 if stop.signum is not None else TRACKING_DRAIN_S
         tracker.close(max(0.0, min(TRACKING_DRAIN_S, grace)))
+        ckpts.close()
 
 
-def _wait_uploads(session: Session) -> None:
-    if session.remote is not None and not session.remote.wait(0):
-        log.info("waiting for the uploads to %s", session.remote.url)
-        session.remote.wait()
+def _wait_uploads(ckpts: StudyCheckpoints) -> None:
+    if ckpts.remote is not None and not ckpts.remote.wait(0):
+        log.info("waiting for the uploads to %s", ckpts.remote.url)
+        ckpts.remote.wait()
 
 
-def _start(session: Session) -> tuple[dict[str, Any], set[int]]:
+def _start(session: Session, ckpts: StudyCheckpoints) -> tuple[dict[str, Any], set[int]]:
     """Open the study (refusing a changed study file), apply the disk budget and a warm start;
     the code this process trains with, and the finished trials' numbers."""
     session.open(create=True)
@@ -105,8 +110,8 @@ def _start(session: Session) -> tuple[dict[str, Any], set[int]]:
     session.use_compilation_cache()
     code = trial_code.record(session.config.trial_module)  # what this process imported: its trials' code
     _log_start(session)
-    retention.enforce(session, leftovers=True)  # a changed budget, or a removal a kill cut short
-    upload_finished(session)  # final steps an outage kept from the bucket
+    retention.enforce(session, ckpts.remote, leftovers=True)  # a changed budget, or a removal a kill cut short
+    upload_finished(session, ckpts.remote)  # final steps an outage kept from the bucket
     if session.config.study.warm_start is not None:
         with session.claims.ask_lock():  # before the first ask, once, whichever worker comes first
             warm_start.apply(session)
@@ -193,8 +198,8 @@ class _Fenced:
         return not self.multi_objective and self.trial.should_prune()
 
 
-def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dict[str, Any],
-                 tracker: Tracker) -> None:
+def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, stop: StopSignal,
+                 code: dict[str, Any], tracker: Tracker) -> None:
     config, claims = session.config, session.claims
     key = claims.key(claimed.number)
 
@@ -214,8 +219,8 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         # readers) is set anew wherever it differs, also for a trial killed between ask and set.
         ckpt_dir = str(config.checkpoint_dir(claimed.number))
         recorded = frozen.user_attrs.get(CHECKPOINT_DIR)
-        if (recorded and recorded != ckpt_dir and session.remote is None and newest_step(ckpt_dir) is None
-                and newest_step(recorded) is not None):
+        if (recorded and recorded != ckpt_dir and config.study.checkpoint.remote is None
+                and newest_step(ckpt_dir) is None and newest_step(recorded) is not None):
             # Not a moved study (its folder would have the steps) but another workdir for the same
             # storage (a relative default workdir run from another directory): keep the trial's work.
             # Not with a bucket: workdirs are then each host's own and the trial comes from the bucket
@@ -232,8 +237,8 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         trial_code.record_on(trial, frozen, code)
         if not claimed.adopted and not claimed.promoted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        outcome = _attempts(session, trial, frozen, params, Path(ckpt_dir), stop, fence, (resumes, claimed.adopted),
-                            tracker)
+        outcome = _attempts(session, ckpts, trial, frozen, params, Path(ckpt_dir), stop, fence,
+                            (resumes, claimed.adopted), tracker)
         fence()  # before the tell
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -249,17 +254,17 @@ def _run_claimed(session: Session, claimed: Claimed, stop: StopSignal, code: dic
         if outcome is not None:
             log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
                      config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
-        if session.remote is not None:  # an upload an outage made give up: this trial runs here no more
-            session.remote.upload_missing(Path(ckpt_dir), session.upload_fence(claimed.number))
-        _after_finish(session)
+        if ckpts.remote is not None:  # an upload an outage made give up: this trial runs here no more
+            ckpts.remote.upload_missing(Path(ckpt_dir), ckpts.upload_fence(claimed.number))
+        _after_finish(session, ckpts)
     except TakenOver as exc:
         log.warning("%s", exc)  # the study goes on; the trial is the other worker's now
     finally:
         claims.release(key)  # only where this worker is still the owner
 
 
-def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params: dict[str, Any],
-              ckpt_dir: Path, stop: StopSignal, fence: Callable[[], None],
+def _attempts(session: Session, ckpts: StudyCheckpoints, trial: optuna.Trial, frozen: FrozenTrial,
+              params: dict[str, Any], ckpt_dir: Path, stop: StopSignal, fence: Callable[[], None],
               interrupted: tuple[int, bool], tracker: Tracker) -> Outcome | None:
     """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
 
@@ -272,7 +277,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
     while True:
         curves = TrialLog(tracker, lambda step, frozen=frozen: trial_start(config, trial, frozen, params, step,
                                                                            ckpt_dir, fence))
-        ckpt = session.checkpoints(number, ckpt_dir, fence=fence, on_commit=curves.checkpoint)
+        ckpt = ckpts.trial(number, ckpt_dir, fence=fence, on_commit=curves.checkpoint)
         ckpt.restore_floor = exploited_at(frozen)  # a PBT member never resumes into a lineage it left
 
         def on_step(n: int, step: int) -> None:
@@ -341,7 +346,7 @@ def _attempts(session: Session, trial: optuna.Trial, frozen: FrozenTrial, params
             return outcome
         except Interrupted:
             curves.end("INTERRUPTED")
-            upload_within_grace(session, number, ckpt_dir, stop.grace_left() - 1.0)
+            upload_within_grace(ckpts.remote, number, ckpt_dir, stop.grace_left() - 1.0)
             raise
         except (DiskFault, TakenOver):  # not the trial's fault: no retry charged
             raise
@@ -382,12 +387,12 @@ def _set_constraints(session: Session, trial: optuna.Trial, metrics: dict[str, A
             trial.set_constraint(key, value)
 
 
-def _after_finish(session: Session) -> None:
+def _after_finish(session: Session, ckpts: StudyCheckpoints) -> None:
     """Housekeeping once a trial is finished: the study's disk budget, a grid's compiled programs.
     Its faults are logged, never charged to a trial or the run (the next finish tries again)."""
     try:
-        retention.enforce(session)  # a finished trial may push another out of the study's budget
-        upload_finished(session)  # a finished trial's steps an outage kept from the bucket
+        retention.enforce(session, ckpts.remote)  # a finished trial may push another out of the study's budget
+        upload_finished(session, ckpts.remote)  # a finished trial's steps an outage kept from the bucket
     except Exception as exc:  # noqa: BLE001 - a removal that failed (a lock, a permission, NFS)
         log.warning("the study's disk budget could not be applied now (%s: %s); tried again after the next trial "
                     "or at the next run", type(exc).__name__, exc)

@@ -1,10 +1,11 @@
 """The study session: the one object that holds a study's Optuna side, and the Optuna boundary.
 
 A `Session` is built from a validated config. It alone opens the RDB storage, holds the Optuna
-study and its id, the claims, the checkpoint factory with the write budget, the progress sink
-and the compilation-cache folder; the scheduler, status, progress, export, plot, drill and best
-take the session. It, storage.py (opening the storage; narrow reads of Optuna's tables) and samplers.py
-(the restart-proof sampler) are the only modules that touch Optuna internals; each touch says why.
+study and its id, the claims, the progress sink and the compilation-cache folder (a study's
+checkpoints are sweep/checkpoints/study_checkpoints.py's, composed with the session by the run
+loop); the scheduler, status, progress, export, plot, drill and best take the session. It,
+storage.py (opening the storage; narrow reads of Optuna's tables) and samplers.py (the
+restart-proof sampler) are the only modules that touch Optuna internals; each touch says why.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import Any, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -26,10 +27,7 @@ from sweep.store.record import (BEST_STEP, BEST_VALUE, EVAL_ATTR_PREFIX, LAST_ST
 from sweep.study import fingerprint
 from sweep.study.config import Config
 
-if TYPE_CHECKING:  # JAX and Orbax load only where a trial's checkpoints are opened (status, plan need neither)
-    from sweep.checkpoints.folder import TrialCheckpoints, WriteBudget
-
-REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote
+REMOTE_ROOT_ATTR = "remote_root"  # study user attribute: the study's folder in checkpoint.remote's tier
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # never run again
 
 
@@ -41,7 +39,6 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.write_budget: WriteBudget | None = None  # shared by this process's trials of the study
         # trial number -> current step of the trials training in this process (the progress
         # view's per-step resolution; reports come only every eval_every steps).
         self.steps: dict[int, int] = {}
@@ -54,7 +51,6 @@ class Session:
         self._study: optuna.Study | None = None
         self._study_id: int | None = None
         self._claims: Claims | None = None
-        self._remote: Any = None  # sweep.checkpoints.remote.RemoteTier, made on first use
         # Trials this process told finished (claims released; an upload queued for one may find no holder).
         self.finished_here: set[int] = set()
         self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (sweep/store/enqueue.py)
@@ -97,9 +93,6 @@ class Session:
         return True
 
     def close(self) -> None:
-        if self._remote is not None:
-            self._remote.close()  # after its queued uploads (a finished run waited for them)
-            self._remote = None
         if self._storage is not None:
             self._storage.engine.dispose()
         self._storage = self._study = self._claims = None
@@ -303,78 +296,7 @@ class Session:
             if key not in self.storage.get_study_user_attrs(self.study_id):
                 raise
 
-    # --- checkpoints, progress, compiled code ---------------------------------------------------
-
-    def checkpoints(self, number: int, directory: Path, read_only: bool = False,
-                    fence: Callable[[], None] | None = None,
-                    on_commit: Callable[[int], None] | None = None) -> TrialCheckpoints:
-        """Trial `number`'s checkpoint folder, sharing this session's write budget; `fence` is
-        called before each write (it raises if this worker no longer holds the trial); `on_commit`
-        with each step once it is durable (on the checkpoint writer's thread)."""
-        from sweep.checkpoints import retention
-        from sweep.checkpoints.folder import WriteBudget
-        from sweep.train.state import trial_checkpoints
-
-        if self.write_budget is None:
-            self.write_budget = WriteBudget()
-
-        def room(step: int, needed: int) -> None:
-            retention.make_room(self, number, step, needed, directory)
-
-        remote = self.remote if not read_only else None  # readers download for themselves (best.py)
-        upload_fence = self.upload_fence(number) if fence is not None else None
-        if remote is not None:
-            remote.fetch_missing(directory, f"trial {number}")  # a new host resumes from the bucket
-
-        def committed(step: int) -> None:
-            if remote is not None:
-                remote.upload(directory, step, upload_fence)
-            if on_commit is not None:
-                on_commit(step)
-
-        ckpt = trial_checkpoints(self.config, number, directory, self.write_budget, read_only=read_only, fence=fence,
-                                 room=room if self.config.study.checkpoint.max_disk is not None else None,
-                                 on_commit=committed if remote is not None or on_commit is not None else None)
-        if remote is not None:
-            remote.upload_missing(directory, upload_fence)  # what a kill or an outage kept from the bucket
-        return ckpt
-
-    def upload_fence(self, number: int) -> Callable[[], None]:
-        """The fence of trial `number`'s uploads: an upload may outlast the trial (its claim is
-        released when this process finished it), so a missing holder passes for such a trial;
-        another worker's claim never does."""
-        def fence() -> None:
-            self.claims.check(self.claims.key(number), f"trial {number}",
-                              released_is_mine=number in self.finished_here)
-
-        return fence
-
-    @property
-    def remote(self) -> Any:
-        """The study's remote tier (sweep.checkpoints.remote.RemoteTier), or None without checkpoint.remote.
-
-        Its folder in the bucket is named by the study's identity (`remote_root`), not by its name
-        alone: a study deleted and created again under the same name must not find the old one's
-        checkpoints (a fresh trial 0 would resume from them)."""
-        url = self.config.study.checkpoint.remote
-        if url is not None and self._remote is None:
-            from sweep.checkpoints.remote import RemoteTier
-
-            root = self.storage.get_study_user_attrs(self.study_id).get(REMOTE_ROOT_ATTR, self.config.name)
-            self._remote = RemoteTier(url, root)
-        return self._remote
-
-    def remote_steps(self, numbers: Iterable[int]) -> dict[int, list[int]] | None:
-        """Trial number (of `numbers`) -> its committed steps in the bucket, ascending, from one
-        listing; None without checkpoint.remote or where the bucket cannot be read (readers then
-        show what is local)."""
-        if self.remote is None:
-            return None
-        try:
-            found = self.remote.all_steps()
-        except Exception:  # noqa: BLE001 - the network, the endpoint, credentials
-            return None
-        return {n: found[name] for n in numbers if (name := self.config.checkpoint_dir(n).name) in found}
+    # --- progress, compiled code ---------------------------------------------------
 
     def on_step(self, number: int, step: int) -> None:
         """The runner's progress callback: at the start (the step it starts from), after every

@@ -95,9 +95,10 @@ class Checkpoint(StrictModel):
     # their checkpoints; and a cap on all of the study's checkpoint bytes ("50GB", "500MiB", bytes).
     keep_trials: Annotated[int, Field(ge=1)] | None = None
     max_disk: Annotated[ByteSize, Field(gt=0)] | None = None
-    # A remote tier on S3-compatible storage (sweep/checkpoints/remote.py): every committed step is uploaded
-    # in the background; resumes, takeovers and readers fetch what the local folder lacks.
+    # A remote tier (sweep/checkpoints/remote.py) every committed step is uploaded to: s3:// built in,
+    # other URL schemes by `tiers`, scheme -> "module:Class" (sweep/checkpoints/tiers.py).
     remote: str | None = None
+    tiers: dict[str, str] = {}
 
     @property
     def explicit_cadence(self) -> bool:
@@ -114,10 +115,18 @@ class Checkpoint(StrictModel):
 
     @model_validator(mode="after")
     def _check_remote(self) -> Checkpoint:
-        if self.remote is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?",
-                                                        self.remote):
+        for scheme, path in self.tiers.items():
+            if scheme == "s3" or not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
+                raise ValueError(f"tiers: must name URL schemes (lowercase letters, digits, +.-) other than "
+                                 f"the built-in s3, got {scheme!r}")
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", path):
+                raise ValueError(f"tiers.{scheme}: must be a tier class's import path, module:Class, got {path!r}")
+        if self.remote is None or self.remote.partition("://")[0] in self.tiers and "://" in self.remote:
+            return self
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", self.remote):
+            other = f" or a URL of a scheme named in checkpoint.tiers ({', '.join(self.tiers)})" if self.tiers else ""
             raise ValueError(f"remote: must be s3://bucket/prefix (a bucket name of 3-63 lowercase letters, digits, "
-                             f"dots and hyphens), got {self.remote!r}")
+                             f"dots and hyphens){other}, got {self.remote!r}")
         return self
 
 

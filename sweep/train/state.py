@@ -173,7 +173,5 @@ def trial_checkpoints(config: Config, number: int, directory: Path, budget: Writ
                       room: Callable[[int, int], None] | None = None,
                       on_commit: Callable[[int], None] | None = None) -> TrialCheckpoints:
     """The checkpoint folder of trial `number` with the study's retention settings."""
-    c, objective = config.study.checkpoint, config.study.objective
-    return TrialCheckpoints(directory, objective.metric, objective.direction, c.keep_last, c.keep_best,
-                            read_only=read_only, label=f"trial {number}", budget=budget,
-                            optional_keys=OPTIONAL_KEYS, fence=fence, room=room, on_commit=on_commit)
+    return TrialCheckpoints.of_study(config, number, directory, read_only=read_only, budget=budget,
+                                     optional_keys=OPTIONAL_KEYS, fence=fence, room=room, on_commit=on_commit)

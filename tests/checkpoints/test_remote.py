@@ -1,6 +1,6 @@
-"""Checkpoints on S3-compatible storage (sweep/checkpoints/remote.py) against a real S3 server on localhost
-(moto's server mode, started by the test): uploads with a commit marker last, a kill mid-upload,
-resume and takeover from the bucket by a host with an empty disk, export reading only the bucket."""
+"""Checkpoints on S3-compatible storage (sweep/checkpoints/s3.py, behind sweep/checkpoints/remote.py)
+against a real S3 server on localhost (moto's server mode, started by the test): uploads with a
+commit marker last, a kill mid-upload, resume and takeover from the bucket by a host with an empty disk, export reading only the bucket."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import yaml
 
 from conftest import BUCKET, checkpoint_dir, make_study, run, saved_steps, tier_of
 from sweep.checkpoints import integrity
+from sweep.checkpoints import remote as remote_lib
 from sweep.study import config as config_lib
 
 
@@ -40,11 +41,12 @@ def test_remote_tier_mirrors_the_kept_steps_and_a_kill_mid_upload_leaves_no_step
     run(study)
     folder = checkpoint_dir(study, 0)
     tier = tier_of(bucket_prefix, f"sqlite:///{study['workdir']}/study.db", "sched")
-    assert tier.root.startswith(f"{bucket_prefix[len('s3://' + BUCKET) + 1:]}/sched-")
+    assert tier.tier.root.startswith(f"{bucket_prefix[len('s3://' + BUCKET) + 1:]}/sched-")
     assert tier.steps("trial_0000") == saved_steps(folder)  # retention on both tiers
     # A kill mid-upload: the files of a step but no marker. No reader takes it; the next prune
     # (after the next upload) removes it.
-    tier.client.put_object(Bucket=BUCKET, Key=f"{tier.root}/checkpoints/trial_0000/25/default/x", Body=b"half")
+    tier.tier.client.put_object(Bucket=BUCKET, Key=f"{tier.tier.root}/checkpoints/trial_0000/25/default/x",
+                                Body=b"half")
     assert 25 not in tier.steps("trial_0000")
     # A host with an empty disk gets every committed step back, checksums included.
     other = here / "elsewhere" / "trial_0000"
@@ -68,7 +70,7 @@ def test_a_signal_save_is_uploaded_within_the_grace_period_and_status_shows_loca
     tier = tier_of(bucket_prefix, f"sqlite:///{study['workdir']}/study.db", "sched")
     assert 30 in tier.steps("trial_0000")  # the signal's save, in the bucket before the exit
     # A step whose upload never finished (its marker missing) is shown as local only.
-    tier.client.delete_object(Bucket=BUCKET, Key=f"{tier.root}/commits/trial_0000/30")
+    tier.tier.client.delete_object(Bucket=BUCKET, Key=f"{tier.tier.root}/commits/trial_0000/30")
     session = Session(config_lib.from_dict(study)).open(create=False)
     try:
         report = status.collect(session)
@@ -161,7 +163,7 @@ def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, b
     session = Session(config_lib.load(c))
     try:
         session.open(create=False)
-        remote = session.remote_steps([1])
+        remote = remote_lib.remote_steps(session, [1])
         marks = markers(session.config, session.trial(1), remote[1])
     finally:
         session.close()
@@ -183,11 +185,11 @@ def test_a_removed_trial_left_in_the_bucket_is_pruned_by_the_next_pass(here, buc
     removed = next(n for n in range(3) if n != kept)
     assert not checkpoint_dir(study, removed).exists()
     # The marker of a step of the removed trial, as an interrupted prune leaves it.
-    tier.client.put_object(Bucket=BUCKET, Key=f"{tier.root}/commits/trial_{removed:04d}/20", Body=b"{}")
+    tier.tier.client.put_object(Bucket=BUCKET, Key=f"{tier.tier.root}/commits/trial_{removed:04d}/20", Body=b"{}")
     assert tier.steps(f"trial_{removed:04d}") == [20]
     session = Session(config_lib.from_dict(study)).open(create=False)
     try:
-        retention.enforce(session)
+        retention.enforce(session, remote_lib.open_remote(session))
     finally:
         session.close()
     assert tier.steps(f"trial_{removed:04d}") == [] and tier.steps(f"trial_{kept:04d}") == in_bucket[kept]
@@ -280,7 +282,7 @@ def test_a_host_removing_only_the_bucket_s_copy_records_the_removal(tmp_path, mo
     def apply_budget(study: dict) -> dict[int, str]:
         session = Session(config_lib.from_dict(study)).open(create=False)
         try:
-            retention.enforce(session)
+            retention.enforce(session, remote_lib.open_remote(session))
             return retention.removed(session)
         finally:
             session.close()
@@ -306,7 +308,6 @@ def test_a_finished_trial_s_steps_an_outage_kept_from_the_bucket_are_uploaded_by
     the trial's best step). The next run's start queues them; a stale copy (its newest step short
     of the trial's last) uploads nothing."""
     from conftest import write_trial
-    from sweep.checkpoints import remote as remote_lib
     from sweep.store.session import Session
 
     write_trial(tmp_path)
@@ -330,7 +331,7 @@ def test_a_finished_trial_s_steps_an_outage_kept_from_the_bucket_are_uploaded_by
     shutil.rmtree(stale / str(kept[-1]))
     session = Session(config_lib.from_dict(host("b"))).open(create=False)
     try:
-        assert remote_lib.upload_finished(session) == 0
+        assert remote_lib.upload_finished(session, remote_lib.open_remote(session)) == 0
     finally:
         session.close()
     assert tier.steps("trial_0001") == []

@@ -112,9 +112,9 @@ def test_a_folder_being_read_is_not_removed_until_the_reader_is_done(here):
     session = opened(study)
     try:
         with retention.reading(folder, loser.number):
-            assert retention.remove_trial(session, loser, folder, "test") == 0
+            assert retention.remove_trial(session, None, loser, folder, "test") == 0
             assert folder.exists()
-        assert retention.remove_trial(session, loser, folder, "test") > 0
+        assert retention.remove_trial(session, None, loser, folder, "test") > 0
         assert not folder.exists()
         with pytest.raises(retention.CheckpointsRemoved, match="removed by the study's disk budget \\(test\\)"):
             with retention.reading(folder, loser.number, "test"):
