@@ -26,7 +26,7 @@ def continued(study: dict[str, Any], steps: int, top: int | None = None, numbers
         def on_step(number: int, step: int) -> None:
             if step >= kill_at:
                 raise Killed
-        session.on_step = on_step  # type: ignore[method-assign]
+        session.watch_steps(on_step)
     try:
         api.StudySession(session)._check_before_run()  # what run() checks first
         if kill_at is None:
