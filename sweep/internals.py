@@ -23,20 +23,20 @@ def trial_id(trial: FrozenTrial) -> int:
     """The storage's id of a frozen trial. FrozenTrial keeps it private; the storage's public
     `get_trial_id_from_study_id_trial_number` costs a query per trial where the id is at hand
     (legacy claims are keyed by it; `ask` hands it to `optuna.Trial`, as `study.ask` does)."""
-    return trial._trial_id  # noqa: SLF001
+    return trial._trial_id
 
 
 def create_trial(study: optuna.Study) -> int:
     """A new RUNNING trial created through the study's own (cached) storage, as `study.ask` does
     past its pop of a WAITING trial: Optuna has no public call for that half of `ask`, and the
     study's readers use that storage's trial cache. Returns the trial's id."""
-    return study._storage.create_new_trial(study._study_id)  # noqa: SLF001
+    return study._storage.create_new_trial(study._study_id)
 
 
 def forget_cached_trials(study: optuna.Study) -> None:
     """Drop the study's per-thread cache of all trials, as `study.ask` does after asking (no
     public API resets it; a stale cache would hide the trial just asked for from the sampler)."""
-    study._thread_local.cached_all_trials = None  # noqa: SLF001
+    study._thread_local.cached_all_trials = None
 
 
 # --- Optuna: the RDB schema -------------------------------------------------------------------
@@ -115,5 +115,5 @@ def uncompressed_standard_handler() -> Any:
     import orbax.checkpoint as ocp
 
     handler = ocp.StandardCheckpointHandler()
-    handler._impl = ocp.PyTreeCheckpointHandler(use_compression=False)  # noqa: SLF001
+    handler._impl = ocp.PyTreeCheckpointHandler(use_compression=False)
     return handler

@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from sweep.store.record import BEST_STEP, MLFLOW_RUN_ID
 from sweep.tracking.events import QuietOnTrackingThread, TrialStart
