@@ -6,9 +6,12 @@ import argparse
 import json
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sweep.errors import Interrupted, SweepError, UsageError
+
+if TYPE_CHECKING:
+    from sweep import StudySession
 
 
 def _n_jobs(text: str) -> int | str:
@@ -72,10 +75,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from sweep import api
+    import sweep
     from sweep.run import logs
 
-    with api.open(args.study_file) as session:
+    with sweep.open(args.study_file) as session:
         logs.setup()
         report = session.replay(args.trial)
     print("\n".join(report.lines()))
@@ -83,47 +86,44 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sweep import api
+    import sweep
     from sweep.run import pool as workers
 
     if isinstance(args.n_jobs, int) and args.n_jobs < 1:
         raise UsageError(f"--n-jobs: must be >= 1, got {args.n_jobs}")
     workers.prestart(args.study_file, args.n_jobs)  # n_jobs > 1: helpers import while we validate
-    from sweep.commands.summary import no_complete_trial
+    from sweep.commands.summary import incomplete
 
     try:
-        with api.open(args.study_file) as session:
+        with sweep.open(args.study_file) as session:
+            # The summary instead of status(): it skips reading every trial again (a big study).
             session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
-                        _exit_on_signal=True, _status=False)
+                        exit_on_signal=True, read_status=False)
             print(session.summary())
-            from optuna.trial import TrialState
-
             # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
-            if TrialState.COMPLETE not in session._session.trial_states().values():
-                raise SweepError(no_complete_trial(session._session) or "no trial completed")
+            why = incomplete(session.config)
+            if why is not None:
+                raise SweepError(why)
     finally:
         workers.stop_prestarted()  # helpers run never used: it ended early (a study-file error, say)
     return 0
 
 
-def _open(args: argparse.Namespace) -> Any:
+def _open(args: argparse.Namespace) -> StudySession:
     """The study named on the command line, or with --continued its companion study."""
-    from sweep import api
+    import sweep
 
-    session = api.open(args.study_file)
+    session = sweep.open(args.study_file)
     if getattr(args, "continued", None) is None:
         return session
     return session.continued(args.continued)
 
 
 def _cmd_continue(args: argparse.Namespace) -> int:
-    from sweep import api
-    from sweep.commands import continuation
-    from sweep.study import config as config_lib
+    import sweep
 
-    config = config_lib.load(args.study_file)
-    with api.StudySession(continuation.start(config, args.steps, args.top, args.trial)) as session:
-        session.run(1, quiet=args.quiet, _exit_on_signal=True)
+    with sweep.open(args.study_file).continue_(args.steps, args.top, args.trial, quiet=args.quiet,
+                                               exit_on_signal=True) as session:
         print(session.summary())
         print(f"continued trials: python -m sweep status {args.study_file} --continued {args.steps}")
     return 0
@@ -134,7 +134,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     with _open(args) as session:
         report = session.status()
-        changed = session._session.meaning_changes() if args.continued is None else []
+        changed = status.file_changes(session.config) if args.continued is None else []
     if changed:  # a reader still reads the study; the file is what `run` would refuse
         from sweep.study.fingerprint import mismatch_warning
 
@@ -183,21 +183,21 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from sweep import api
+    import sweep
     from sweep.run import plan as plan_lib
 
-    with api.open(args.study_file) as session:
+    with sweep.open(args.study_file) as session:
         found = session.plan()
         print(plan_lib.text(session.config, found))
     return 2 if found.refused else 0  # what `run` would exit with
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from sweep import api
+    import sweep
     from sweep.run import logs
     from sweep.words import count
 
-    with api.open(args.study_file) as session:
+    with sweep.open(args.study_file) as session:
         logs.setup()
         report = session.drill(seed=args.seed, keep=args.keep)
     print(f"recovery drill of {session.config.path} (trial 0, {count(session.config.study.train.steps, 'step')}):")

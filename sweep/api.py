@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, cast
+from typing import TYPE_CHECKING, Any, Mapping
 
 from sweep.errors import UsageError
 from sweep.store.session import Session
@@ -51,8 +51,8 @@ class StudySession:
         self._session.close()
 
     def run(self, n_jobs: int | str | None = None, *, quiet: bool = False, verbose: bool = False,
-            progress: bool = True, log_every: float = 30.0, _exit_on_signal: bool = False,
-            _status: bool = True) -> StudyStatus:
+            progress: bool = True, log_every: float = 30.0, exit_on_signal: bool = False,
+            read_status: bool = True) -> StudyStatus | None:
         """Start the study, or resume it after any interruption, until `n_trials` are finished.
 
         Args:
@@ -61,9 +61,14 @@ class StudySession:
             quiet / verbose: sweep's log level (warnings only / library logs too).
             progress: show progress on stderr: a live table on a terminal, else a log line per
                 running trial every `log_every` seconds.
+            exit_on_signal: end the process at once on a second Ctrl-C, past the grace period, or
+                on a signal while every trial is still starting up, as `python -m sweep run` does
+                (default: a second Ctrl-C raises KeyboardInterrupt, the grace period only logs).
+            read_status: False returns None instead of reading `status()` afterwards (every
+                trial, again: a big study), e.g. to print `summary()` instead, as the CLI does.
 
         Returns:
-            `status()` of the study afterwards.
+            `status()` of the study afterwards (None with `read_status=False`).
 
         Raises:
             ConfigError: a sampler/pruner argument or the device count is wrong, or the workers need
@@ -83,12 +88,11 @@ class StudySession:
         # Before JAX starts here: this process is worker 0, and on GPUs its slot decides what it sees.
         n, worker_slots = slots.for_run(config, n_jobs)
         with slots.assigned(worker_slots[0] if worker_slots else None):
-            self._run(n, worker_slots, quiet, verbose, progress, log_every, _exit_on_signal)
-        # The CLI prints the summary instead: it skips reading every trial again (a big study).
-        return self.status() if _status else cast("StudyStatus", {})
+            self._run(n, worker_slots, quiet, verbose, progress, log_every, exit_on_signal)
+        return self.status() if read_status else None
 
     def _run(self, n_jobs: int, worker_slots: list[Any] | None, quiet: bool, verbose: bool, progress: bool,
-             log_every: float, _exit_on_signal: bool) -> None:
+             log_every: float, exit_on_signal: bool) -> None:
         from sweep.commands import progress as progress_lib
         from sweep.host.signals import StopSignal
         from sweep.run.pool import dask_client, run_workers
@@ -100,10 +104,10 @@ class StudySession:
         check_config(config)
         tier_class(config)  # checkpoint.remote's tier imports and is one (exit 2 before anything is written)
         warm_start.check(config)  # the other study exists (nothing created before)
-        self._session.start_plan = self._check_before_run()  # its lines as the run starts: not read twice
+        self._session.keep_start_plan(self._check_before_run())  # its lines as the run starts: not read twice
         # The quick exit of a run still starting up only where this process runs every trial
         # (no helper process or Dask worker whose trials it would cut off).
-        stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=_exit_on_signal,
+        stop = StopSignal(config.study.checkpoint.grace_seconds, hard_exit=exit_on_signal,
                           quick_exit=n_jobs == 1 and config.study.parallel.backend != "dask")
         if threading.current_thread() is threading.main_thread():
             stop.install()  # elsewhere a Python signal handler cannot be set; the caller stops it
@@ -115,9 +119,11 @@ class StudySession:
             with view, client or contextlib.nullcontext():
                 run_workers(self._session, n_jobs, stop, quiet=quiet, verbose=verbose, client=client, slots=worker_slots)
             if config.study.logging.mlflow is not None:
+                from sweep.commands.export import export
                 from sweep.tracking.curves import log_exports
 
-                log_exports(self._session)  # each finished trial's best export, an artifact of its run
+                # each finished trial's best export, an artifact of its run
+                log_exports(self._session, lambda number, out: export(self._session, out, trial=number))
         finally:
             stop.restore()
 
@@ -214,9 +220,10 @@ class StudySession:
         return replay(self._session, trial)
 
     def continue_(self, steps: int, top: int | None = None, trials: list[int] | None = None, *,
-                  quiet: bool = False) -> StudySession:
+                  quiet: bool = False, exit_on_signal: bool = False) -> StudySession:
         """Train finished trials further to `steps` steps, as `python -m sweep continue`: the `top`
         best COMPLETE trials, or the trials numbered in `trials`. Re-running resumes it.
+        `quiet`, `exit_on_signal`: as for `run`.
 
         Returns:
             The companion study, run (its `status()`, `export()`, ... read the continued trials).
@@ -229,7 +236,11 @@ class StudySession:
         if (top is None) == (trials is None):
             raise UsageError("continue_: give exactly one of top or trials")
         companion = StudySession(continuation.start(self.config, steps, top, trials))
-        companion.run(1, quiet=quiet)
+        try:
+            companion.run(1, quiet=quiet, exit_on_signal=exit_on_signal)
+        except BaseException:
+            companion.close()
+            raise
         return companion
 
     def continued(self, steps: int) -> StudySession:

@@ -24,6 +24,7 @@ import yaml
 from optuna.trial import FrozenTrial
 
 from sweep.__main__ import main
+from sweep.api import StudySession
 from sweep.checkpoints.remote import RemoteTier
 from sweep.checkpoints.s3 import S3Tier
 from sweep.errors import Interrupted
@@ -407,17 +408,11 @@ def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "sweep"]
 
 
-def watch_steps(session: Any, watch: Callable[[int, int], None]) -> None:
-    """Let `watch(number, step)` see every training window of the session's trials, after the session does (a
-    `sweep.open` StudySession or the internal Session)."""
-    internal = getattr(session, "_session", session)  # the progress meter is the internal session's
-    inner = internal.on_step
-
-    def both(number: int, step: int) -> None:
-        inner(number, step)
-        watch(number, step)
-
-    internal.on_step = both
+def watch_steps(session: Session | StudySession, watch: Callable[[int, int], None]) -> None:
+    """Let `watch(number, step)` see every training window of the session's trials (a `sweep.open`
+    StudySession or the internal Session, whose progress reports it watches)."""
+    internal = session._session if isinstance(session, StudySession) else session
+    internal.watch_steps(watch)
 
 
 def run(study: dict[str, Any], stop: StopSignal | None = None,
@@ -513,7 +508,7 @@ def _jax_cache_config_restored() -> Iterator[None]:
 TRIAL_SOURCE = trial_source("linear")  # tests/trials/linear.py
 
 
-def sigterm_at(session: Any, number: int, step: int) -> None:
+def sigterm_at(session: Session | StudySession, number: int, step: int) -> None:
     """As trial `number` passes `step`, deliver SIGTERM to the handler `run` installed (as the
     interpreter would, in the main thread), once."""
     fired: list[int] = []

@@ -314,26 +314,24 @@ def test_two_studies_in_one_process_keep_their_own_compilation_cache_and_progres
         return {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
 
     caches: list[Path] = []
-    sessions: list[Any] = []
-    seen: list[tuple[int, dict[int, int]]] = []  # (id of the session's steps, its steps) at each window
+    seen: list[tuple[str, int, int]] = []  # (the study whose session reported, trial, step) at each window
     for name, trial in (("first", "api_cache_a"), ("second", "api_cache_b")):
         root = tmp_path / name
         root.mkdir()
         monkeypatch.chdir(root)
         study = make_study(root, trial, name=name, n_trials=1)
         with sweep.open(study) as session:
-            watch_steps(session, lambda n, s, steps=session._session.steps: s >= 0 and seen.append((id(steps), dict(steps))))
+            watch_steps(session, lambda n, s, name=name: seen.append((name, n, s)))
             session.run()
-        sessions.append(session)
         caches.append(Path(study["workdir"]) / "jax_cache")
         if len(caches) == 1:
             first_cache = entries(caches[0])
+            during_first = len(seen)
     assert all(cache.is_dir() and any(cache.iterdir()) for cache in caches)  # each compiled into its own
     assert entries(caches[0]) == first_cache  # the second study wrote nothing into the first one's
-    first, second = (s._session for s in sessions)  # the progress meters are the internal sessions'
-    assert first.steps is not second.steps and first.steps == {} and second.steps == {}
-    assert {key for key, _ in seen} == {id(first.steps), id(second.steps)}
-    assert all(set(steps) == {0} for _, steps in seen)  # while training: its own trial, and only that
+    # Each session's progress reports are its own trial's, and the first's watcher heard nothing of the second
+    assert {name for name, _, _ in seen[:during_first]} == {"first"} and {name for name, _, _ in seen[during_first:]} == {"second"}
+    assert {n for _, n, _ in seen} == {0} and seen[during_first - 1][2] == -1 and seen[-1][2] == -1  # stopped: -1
 
 
 def test_interrupted_run_restores_signal_handlers_and_leaves_the_trial_resumable(tmp_path, monkeypatch,

@@ -65,26 +65,22 @@ def _absl_quiet(quiet: bool) -> Iterator[None]:
         absl.setLevel(level)
 
 
-class _Uncompressed(ocp.StandardCheckpointHandler):
-    """Orbax's standard handler, writing arrays without zstd compression.
+def _uncompressed() -> Any:
+    """Orbax's standard handler, writing arrays without zstd compression (sweep/internals.py).
 
     Measured on a trained 100 MB state (benchmarks/large_state.py): compression saved 8% of the
     disk and cost 45% more save time and twice the restore time (it compresses in the writer and
-    decompresses in every restore, on the same cores as training). Orbax offers the switch only
-    on PyTreeCheckpointHandler, which the standard handler wraps as `_impl`: replaced here.
-    Compressed steps of earlier releases still restore (the format records its compressor).
+    decompresses in every restore, on the same cores as training). Compressed steps of earlier
+    releases still restore (the format records its compressor).
     """
+    from sweep.internals import uncompressed_standard_handler
 
-    def __init__(self) -> None:
-        super().__init__()
-        from orbax.checkpoint._src.handlers import pytree_checkpoint_handler
-
-        self._impl = pytree_checkpoint_handler.PyTreeCheckpointHandler(use_compression=False)
+    return uncompressed_standard_handler()
 
 
 def _handlers() -> Any:
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-    handler = _Uncompressed()
+    handler = _uncompressed()
     registry.add(None, ocp.args.StandardSave, handler)
     registry.add(None, ocp.args.StandardRestore, handler)
     return registry

@@ -168,13 +168,15 @@ def open_companion(config: Config, steps: int) -> Session:
     Raises:
         StudyNotFound: no trial of the study was continued to `steps` steps.
     """
-    session = Session(companion_config(config, steps))
-    if not session.open_existing():
+    found = Session(companion_config(config, steps))
+    if not found.open_existing():
         raise StudyNotFound(f"study {config.name!r} has no trials continued to {steps} steps "
                             f"(`python -m sweep continue {config.path} --steps {steps} ...` makes them)")
-    # n_trials of a companion study is the number of trials continued into it
-    session.config = companion_config(config, steps, n_trials=max(1, len(session.trial_states())))
-    return session
+    try:  # n_trials of a companion study is the number of trials continued into it
+        n_trials = max(1, len(found.trial_states()))
+    finally:
+        found.close()
+    return Session(companion_config(config, steps, n_trials=n_trials)).open(create=False)
 
 
 def start(config: Config, steps: int, top: int | None, numbers: list[int] | None) -> ContinuingSession:

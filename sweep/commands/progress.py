@@ -4,8 +4,8 @@ Progress is read from Optuna's storage (reports, states, claims) and the checkpo
 from the training loop: one view for one process, joblib workers and other hosts alike, and
 nothing for the trial code to call. Its resolution is one evaluation (`train.eval_every`), except
 for trials running in this process, whose runner shares its current step and its own timing of
-its windows through the session's progress callback (`Session.steps`, `Session.rates`): their
-speed and ETA do not depend on polls, and they show "compiling" until their first window ends.
+its windows through the session's progress reports (`Session.watch_steps`, metered by `StepMeter`):
+their speed and ETA do not depend on polls, and they show "compiling" until their first window ends.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from optuna.trial import TrialState
 
@@ -24,6 +24,34 @@ from sweep.store.record import reports as reports_of
 from sweep.store.session import FINISHED, Session
 
 log = logging.getLogger("sweep")
+
+
+class StepMeter:
+    """The current step and speed of the trials training in this process, from the runner's reports
+    (`Session.on_step`): at the start (the step it starts from), after every training window, and
+    with step -1 when the trial stopped running here."""
+
+    def __init__(self) -> None:
+        # trial number -> current step (the view's per-step resolution; reports come every eval_every steps)
+        self.steps: dict[int, int] = {}
+        # trial number -> steps per second, timed from the end of its first window (which includes
+        # the compilation) on; a trial in `steps` without a rate is compiling.
+        self.rates: dict[int, float] = {}
+        self._timed_from: dict[int, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def on_step(self, number: int, step: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if step < 0:
+                for table in (self.steps, self.rates, self._timed_from):
+                    table.pop(number, None)
+                return
+            if number in self.steps and step > self.steps[number]:
+                t0, s0 = self._timed_from.setdefault(number, (now, step))  # the first window ends
+                if step > s0 and now > t0:
+                    self.rates[number] = (step - s0) / (now - t0)
+            self.steps[number] = step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +84,15 @@ class Monitor:
     """Polls a study's storage; keeps what it needs to tell a trial's speed between polls.
 
     It reads through a session of its own (it runs in its own thread, and the study may not exist
-    yet when it starts); the current steps of trials in this process come from `session.steps`.
+    yet when it starts); the current steps of trials in this process come from its meter, which
+    watches `session`'s progress reports until `close()`.
     """
 
     def __init__(self, session: Session) -> None:
         self.config = session.config
-        self._steps, self._rates = session.steps, session.rates
+        self.meter = StepMeter()
+        self._unwatch: Callable[[], None] | None = session.watch_steps(self.meter.on_step)
+        self._steps, self._rates = self.meter.steps, self.meter.rates
         self._reader = Session(session.config)
         # number -> (time, step) when first seen, and when its step first changed: a step seen on a
         # report boundary (the first change) times whole steps; first sight is a rougher start.
@@ -89,7 +120,13 @@ class Monitor:
         return self._study(frozenset(t.number for t in running), now), lines
 
     def close(self) -> None:
+        self.stop_watching()
         self._reader.close()
+
+    def stop_watching(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
 
     def _study(self, running: frozenset[int], now: float) -> StudyLine:
         """Re-read when the set of running trials changed, or every 10 s for other hosts' work."""
@@ -203,6 +240,7 @@ class Display:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self.monitor.stop_watching()
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self.monitor.close()

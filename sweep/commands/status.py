@@ -15,7 +15,7 @@ from sweep.store.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_
                                 METRICS, PAUSED_AT, best_of_reports, checkpoint_folder, companions, counted_reports,
                                 metrics_at, params_in_force, paused_rung, train_loss_at)
 from sweep.store.session import Session
-from sweep.study.config import sign
+from sweep.study.config import Config, sign
 from sweep.study.constraints import feasible
 from sweep.study.credentials import mask_url
 from sweep.train import ledger as ledger_lib
@@ -217,3 +217,14 @@ def _age(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"
+
+
+def file_changes(config: Config) -> list[tuple[str, Any, Any]]:
+    """How the study file's trial-defining keys differ from those the study was started with
+    (what `run` would refuse; [] if none), read through a session of its own: `status` shows
+    the study as it ran, with this diff as a warning."""
+    session = Session(config).open(create=False)
+    try:
+        return session.meaning_changes()
+    finally:
+        session.close()

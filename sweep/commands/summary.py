@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 from sweep.commands.best import best_test_metrics
 from sweep.store.record import COMPILES_ATTR, ERROR, LEDGER, RESUMES, checkpoint_folder, params_in_force
 from sweep.store.session import Session
+from sweep.study.config import Config
 from sweep.train.ledger import of_trial, study_total, summary_line
 from sweep.words import count
 
@@ -87,3 +88,15 @@ def _compiles(attrs: list[Mapping[str, Any]]) -> str | None:
     total = {k: sum(c.get(k, 0) for c in counts) for k in ("compilations", "cache_hits", "compile_seconds")}
     return (f"compilation: {count(total['compilations'], 'XLA compilation')} in {total['compile_seconds']:.1f} s, "
             f"{count(total['cache_hits'], 'executable')} from the persistent cache, over {count(len(counts), 'trial')}")
+
+
+def incomplete(config: Config) -> str | None:
+    """Why the study has no COMPLETE trial (`no_complete_trial`, else "no trial completed"), or None
+    when it has one: `run`'s exit 1 (docs/reference.md, exit codes). Reads through a session of its own."""
+    session = Session(config).open(create=False)
+    try:
+        if TrialState.COMPLETE in session.trial_states().values():
+            return None
+        return no_complete_trial(session) or "no trial completed"
+    finally:
+        session.close()

@@ -90,9 +90,9 @@ def forced_cpu_devices(flags: str) -> int:
 def _backend_started() -> bool:
     if "jax" not in sys.modules:
         return False
-    from jax._src import xla_bridge  # noqa: PLC0415 - the one public-enough way to ask (no side effect)
+    from sweep.internals import jax_backends_started
 
-    return xla_bridge.backends_are_initialized()
+    return jax_backends_started()
 
 
 def _accelerator_plugins() -> list[str]:

@@ -31,6 +31,7 @@ from sweep.store.session import Session
 from sweep.study import constraints, objectives
 from sweep.study.credentials import scrub
 from sweep.tracking.curves import Tracker, TrialLog, trial_start
+from sweep.train.compile_events import use_compilation_cache
 from sweep.train.compiled import forget_taken_grid_points
 from sweep.train.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
 from sweep.train.loop import Outcome, TrialEvents, run_trial
@@ -107,7 +108,7 @@ def _start(session: Session, ckpts: StudyCheckpoints) -> tuple[dict[str, Any], s
     the code this process trains with, and the finished trials' numbers."""
     session.open(create=True)
     session.record_fingerprint()  # refuses a changed study file (also for a caller that skipped run's checks)
-    session.use_compilation_cache()
+    use_compilation_cache(session.cache_dir)
     code = trial_code.record(session.config.trial_module)  # what this process imported: its trials' code
     _log_start(session)
     retention.enforce(session, ckpts.remote, leftovers=True)  # a changed budget, or a removal a kill cut short
@@ -402,7 +403,7 @@ def _after_finish(session: Session, ckpts: StudyCheckpoints) -> None:
 
 
 def _log_start(session: Session) -> None:
-    plan, session.start_plan = session.start_plan or plan_lib.make(session), None  # a big study: read once
+    plan = session.take_start_plan() or plan_lib.make(session)  # a big study: read once
     if plan.finished:
         log.info("%s: finished, skipped", numbered("trial", plan.finished))
     for number, step in sorted(plan.resume.items()):

@@ -43,6 +43,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.checkpoints import integrity
 from sweep.checkpoints.steps import kept_steps
+from sweep.internals import trial_id
 from sweep.store.record import (DATA_SHAPES_ATTR, LINEAGE, PAUSED_AT, PBT_PARAMS, RUNG_TARGET, eval_attr,
                                 is_warm_start, params_in_force, paused_rung)
 from sweep.store.session import Session
@@ -178,7 +179,7 @@ def _apply(session: Session, members: Mapping[int, FrozenTrial], step: int,
             new = explore(config, donor, recipient.number, step)
             _copy(config, donor.number, recipient.number, step, digest)
             value = donor.intermediate_values[step]
-            session.storage.set_trial_intermediate_value(recipient._trial_id, step, value)
+            session.storage.set_trial_intermediate_value(trial_id(recipient), step, value)
             if eval_attr(step) in donor.user_attrs:
                 session.set_trial_attr(recipient.number, eval_attr(step), donor.user_attrs[eval_attr(step)])
             session.set_trial_attr(recipient.number, PBT_PARAMS, new)

@@ -51,7 +51,8 @@ def next_index(session: Session) -> int | None:
     # Every trial, read while entries remain (then remembered: entries are never enqueued again).
     taken = {t.user_attrs.get(INDEX_ATTR) for t in session.trials()}
     index = next((i for i in range(len(entries)) if i not in taken), None)
-    session.enqueue_done = index is None
+    if index is None:
+        session.all_enqueued()
     return index
 
 

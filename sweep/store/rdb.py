@@ -187,11 +187,11 @@ def load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool
 
 
 def _tables() -> tuple[Any, ...]:
-    from optuna.storages._rdb import models as m
+    from sweep.internals import (
+        trial_tables,  # Optuna's schema is private (sweep/internals.py)
+    )
 
-    return tuple(model.__table__ for model in (m.TrialModel, m.TrialParamModel, m.TrialValueModel,
-                                                m.TrialIntermediateValueModel, m.TrialUserAttributeModel,
-                                                m.TrialSystemAttributeModel))
+    return trial_tables()
 
 
 def _not_warm(t: Any, attrs: Any, warm_key: str) -> Any:
@@ -248,8 +248,8 @@ def read_trials(engine: Any, study_id: int, states: Sequence[Any] | None, prefix
     without them (running, failed, not sweep's) comes whole: its best is worked out from those rows."""
     import sqlalchemy as sa
     from optuna import distributions as dist_lib
-    from optuna.storages._rdb.models import TrialIntermediateValueModel as IV
-    from optuna.storages._rdb.models import TrialValueModel as V
+
+    from sweep.internals import stored_intermediate_value, stored_value
 
     t, params, values, inter, attrs, sysattrs = _tables()
     where = [t.c.study_id == study_id] + ([t.c.state.in_(list(states))] if states is not None else [])
@@ -289,9 +289,9 @@ def read_trials(engine: Any, study_id: int, states: Sequence[Any] | None, prefix
         parts[tid]["params"][name] = d.to_external_repr(value)
         parts[tid]["dists"][name] = d
     for tid, objective, value, kind in value_rows:
-        parts[tid]["values"][objective] = V.stored_repr_to_value(value, kind)
+        parts[tid]["values"][objective] = stored_value(value, kind)
     for tid, s, value, kind in inter_rows:
-        parts[tid]["inter"][s] = IV.stored_repr_to_intermediate_value(value, kind)
+        parts[tid]["inter"][s] = stored_intermediate_value(value, kind)
     for table, rows in (("user", attr_rows), ("system", sys_rows)):
         decoded = json.loads(f"[{','.join(row[2] for row in rows)}]")  # one call: ~3x quicker than one a row
         for (tid, key, _), value in zip(rows, decoded):

@@ -9,15 +9,15 @@ import inspect
 import itertools
 import logging
 import math
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial
 
 from sweep.errors import ConfigError
+from sweep.internals import sampler_random_states
 from sweep.study import space
 from sweep.study.config import PRUNER_CLASSES, SAMPLER_CLASSES, Config
 from sweep.study.params import CategoricalParam, FloatParam, IntParam
@@ -228,7 +228,7 @@ class RestartProofSampler(BaseSampler):
 
     def __init__(self, inner: BaseSampler, seed: int) -> None:
         self.inner, self.seed = inner, seed
-        self._states = list(random_states(inner))
+        self._states = list(sampler_random_states(inner))
 
     def _reseed(self, number: int, name: str) -> None:
         for i, state in enumerate(self._states):
@@ -265,22 +265,3 @@ class RestartProofSampler(BaseSampler):
         """Deliberately nothing: randomness comes from (seed, number, param) only."""
 
 
-def random_states(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterator[np.random.RandomState]:
-    """Every numpy RandomState an Optuna sampler holds, in a fixed order (its attributes, sorted).
-
-    Samplers keep them in private attributes, some wrapped in Optuna's private LazyRandomState
-    (created on first use): there is no public way to reach them.
-    """
-    from optuna.samplers._lazy_random_state import LazyRandomState
-
-    seen = set() if seen is None else seen
-    if id(obj) in seen or depth > 3:
-        return
-    seen.add(id(obj))
-    for _, value in sorted(vars(obj).items(), key=lambda kv: kv[0]) if hasattr(obj, "__dict__") else ():
-        if isinstance(value, LazyRandomState):
-            yield value.rng
-        elif isinstance(value, np.random.RandomState):
-            yield value
-        elif isinstance(value, BaseSampler):
-            yield from random_states(value, depth + 1, seen)

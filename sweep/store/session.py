@@ -1,24 +1,21 @@
-"""The study session: the one object that holds a study's Optuna side, and the Optuna boundary.
+"""The study session: the one object that holds a study's Optuna side, the store boundary.
 
-A `Session` is built from a validated config. It alone opens the RDB storage, holds the Optuna
-study and its id, the claims, the progress sink and the compilation-cache folder (a study's
-checkpoints are sweep/checkpoints/study_checkpoints.py's, composed with the session by the run
-loop); the scheduler, status, progress, export, plot, drill and best take the session. It,
-storage.py (opening the storage; narrow reads of Optuna's tables) and samplers.py (the
-restart-proof sampler) are the only modules that touch Optuna internals; each touch says why.
+A `Session` is built from a validated config. It alone opens the study's storage (rdb.py) and
+holds the Optuna study, its id and the claims; every other module reads and writes trials through
+its methods (a study's checkpoints are sweep/checkpoints/study_checkpoints.py's, composed with the
+session by the run loop). Optuna's private internals are used in sweep/internals.py only.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.errors import StudyNotFound
+from sweep.internals import create_trial, forget_cached_trials, trial_id
 from sweep.store import rdb as storage_lib
 from sweep.store.claims import Claims
 from sweep.store.rdb import has_claims, initialised, load_study, open_storage, workdir_lock
@@ -39,22 +36,15 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        # trial number -> current step of the trials training in this process (the progress
-        # view's per-step resolution; reports come only every eval_every steps).
-        self.steps: dict[int, int] = {}
-        # trial number -> steps per second, timed by the runner from the end of its first window
-        # (which includes the compilation) on; a trial in `steps` without a rate is compiling.
-        self.rates: dict[int, float] = {}
-        self._timed_from: dict[int, tuple[float, int]] = {}
-        self._steps_lock = threading.Lock()
+        self._step_watchers: list[Callable[[int, int], None]] = []  # see watch_steps
         self._storage: optuna.storages.RDBStorage | None = None
         self._study: optuna.Study | None = None
         self._study_id: int | None = None
         self._claims: Claims | None = None
         # Trials this process told finished (claims released; an upload queued for one may find no holder).
         self.finished_here: set[int] = set()
-        self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (sweep/store/enqueue.py)
-        self.start_plan: Any = None  # the plan `run` checked just now: its start-up lines (read once)
+        self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (all_enqueued)
+        self._start_plan: Any = None  # sweep.run.plan.Plan: see keep_start_plan
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -200,7 +190,7 @@ class Session:
         live = self.claims.live_numbers(t.number for t in running)
         # Claims of workers of the previous release were keyed by Optuna's internal trial id: a
         # worker of that release may still be training during an upgrade.
-        legacy = {f"trial:{t._trial_id}": t.number for t in running}
+        legacy = {f"trial:{trial_id(t)}": t.number for t in running}
         return live | {legacy[k] for k in self.claims.live_owners(legacy)}
 
     def ask(self) -> optuna.Trial:
@@ -211,14 +201,14 @@ class Session:
             return self.study.ask()
         for t in self.trials((TrialState.WAITING,)):
             if paused_rung(t) is None and self.set_state(t.number, TrialState.RUNNING):
-                trial_id = t._trial_id  # the id Optuna's Trial takes (study.ask pops it alike)
+                new_id = trial_id(t)  # the id Optuna's Trial takes (study.ask pops it alike)
                 break
         else:
             # What study.ask does past its pop: the trial through the study's cached storage,
             # whose trial cache the study's readers use.
-            trial_id = self.study._storage.create_new_trial(self.study_id)  # noqa: SLF001
-        self.study._thread_local.cached_all_trials = None  # noqa: SLF001 - study.ask resets it too
-        return optuna.Trial(self.study, trial_id)
+            new_id = create_trial(self.study)
+        forget_cached_trials(self.study)  # study.ask resets it too
+        return optuna.Trial(self.study, new_id)
 
     def set_trial_attr(self, number: int, key: str, value: Any) -> None:
         """Set a user attribute of unfinished trial `number`, a WAITING one too (which has no
@@ -298,26 +288,34 @@ class Session:
 
     # --- progress, compiled code ---------------------------------------------------
 
-    def on_step(self, number: int, step: int) -> None:
-        """The runner's progress callback: at the start (the step it starts from), after every
-        training window, and with `step` -1 when the trial stopped running here."""
-        now = time.monotonic()
-        with self._steps_lock:
-            if step < 0:
-                for table in (self.steps, self.rates, self._timed_from):
-                    table.pop(number, None)
-                return
-            if number in self.steps and step > self.steps[number]:
-                t0, s0 = self._timed_from.setdefault(number, (now, step))  # the first window ends
-                if step > s0 and now > t0:
-                    self.rates[number] = (step - s0) / (now - t0)
-            self.steps[number] = step
-
     @property
     def cache_dir(self) -> Path:
+        """JAX's persistent compilation cache of this study's trials (sweep/train/compile_events.py)."""
         return self.config.cache_dir
 
-    def use_compilation_cache(self) -> None:
-        from sweep.train.compile_events import use_compilation_cache
+    def watch_steps(self, watcher: Callable[[int, int], None]) -> Callable[[], None]:
+        """Call `watcher(number, step)` with each progress report of this process's trials (`on_step`),
+        after the watchers before it (the live view's meter: sweep/commands/progress.py); returns
+        the call that stops it."""
+        self._step_watchers.append(watcher)  # a list's append and remove are atomic: a trial's thread may report
+        return lambda: self._step_watchers.remove(watcher)
 
-        use_compilation_cache(self.cache_dir)
+    def on_step(self, number: int, step: int) -> None:
+        """The runner's progress report (sweep/run/worker.py): at the start (the step it starts
+        from), after every training window, and with `step` -1 when the trial stopped running
+        here; passed on to each watcher."""
+        for watcher in tuple(self._step_watchers):
+            watcher(number, step)
+
+    def keep_start_plan(self, plan: Any) -> None:
+        """Keep the plan `run` checked just now (sweep/run/plan.py) for the run loop's start-up lines."""
+        self._start_plan = plan
+
+    def take_start_plan(self) -> Any:
+        """The plan kept by `keep_start_plan`, once (a big study's plan is not read twice); else None."""
+        plan, self._start_plan = self._start_plan, None
+        return plan
+
+    def all_enqueued(self) -> None:
+        """Every entry of the file's `enqueue` has a trial (sweep/store/enqueue.py): never read again."""
+        self.enqueue_done = True

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from optuna.trial import FrozenTrial
 
@@ -24,6 +24,9 @@ from sweep.store.record import TRAIN_LOSS, history
 from sweep.study.config import Config
 from sweep.study.credentials import mask_url
 from sweep.tracking.events import THREAD_NAME, TrialStart, Writer
+
+if TYPE_CHECKING:
+    from sweep.store.session import Session
 
 log = logging.getLogger("sweep")
 RETRY_S = 1.0  # one retry after this pause, then the writer is skipped until the next trial
@@ -196,16 +199,16 @@ def _batched(items: list[Any]) -> list[Any]:
     return out
 
 
-def log_exports(session: Any) -> int:
+def log_exports(session: Session, export: Callable[[int, Path], object]) -> int:
     """Attach each COMPLETE trial's export (its best-by-validation checkpoint, `sweep export`'s
-    layout) to its MLflow run, once: after the workers, in this process, so no export competes
-    with training for the cores. A server that is away is one warning (none more where the run's
-    writer warned already); the next run tries again."""
+    layout, written by `export(number, folder)`) to its MLflow run, once: after the workers, in
+    this process, so no export competes with training for the cores. A server that is away is one
+    warning (none more where the run's writer warned already); the next run tries again."""
     uri = session.config.study.logging.mlflow
     try:
         from sweep.tracking.mlflow_runs import log_exports as log_to_mlflow
 
-        return log_to_mlflow(session)
+        return log_to_mlflow(session, export)
     except Exception as exc:  # noqa: BLE001 - tracking never fails a study
         level = logging.DEBUG if _mlflow_name(uri) in _WARNED else logging.WARNING
         log.log(level, "%s: exports not logged (%s: %s); the next run tries again", _mlflow_name(uri),

@@ -14,11 +14,14 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Callable
 
 from sweep.store.record import BEST_STEP, MLFLOW_RUN_ID
 from sweep.tracking.events import QuietOnTrackingThread, TrialStart
 from sweep.words import count
+
+if TYPE_CHECKING:
+    from sweep.store.session import Session
 
 # MLflow's client retries an unreachable server 7 times with backoff (minutes), and the tracking
 # thread's queue would wait behind it: the thread retries once itself, and a trial that starts
@@ -156,12 +159,12 @@ class MlflowWriter:
         return self._parent
 
 
-def log_exports(session: Any) -> int:
+def log_exports(session: Session, export: Callable[[int, Path], object]) -> int:
     """Log `sweep export`'s folder of every COMPLETE trial with a run and no export yet as the
-    run's `export/` artifacts (safetensors + meta.json); returns how many were logged."""
+    run's `export/` artifacts (safetensors + meta.json); returns how many were logged.
+    `export(number, folder)` writes trial `number`'s export into `folder` (sweep/commands/export.py)."""
     from optuna.trial import TrialState
 
-    from sweep.commands.export import export
     from sweep.errors import SweepError
 
     client = MlflowClient(tracking_uri=session.config.study.logging.mlflow)
@@ -178,7 +181,7 @@ def log_exports(session: Any) -> int:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                export(session, Path(tmp), trial=trial.number)
+                export(trial.number, Path(tmp))
             except SweepError as exc:  # its checkpoints were removed by the disk budget
                 log.debug("trial %d: no export to log (%s)", trial.number, exc)
                 continue

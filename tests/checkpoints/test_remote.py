@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -17,6 +18,7 @@ import yaml
 from conftest import BUCKET, checkpoint_dir, make_study, run, saved_steps, tier_of
 from sweep.checkpoints import integrity
 from sweep.checkpoints import remote as remote_lib
+from sweep.store.session import Session
 from sweep.study import config as config_lib
 
 
@@ -225,7 +227,7 @@ def test_a_host_s_stale_copy_of_a_trial_another_host_finished_goes_as_its_run_en
     real_next = scheduler._next_trial
     b_ran = []
 
-    def next_trial(session, deadline):  # host b runs the study while host a's run is under way
+    def next_trial(session: Session, deadline: float) -> Any:  # host b runs the study while host a's run is under way
         if not b_ran:
             b_ran.append(True)
             run(b)

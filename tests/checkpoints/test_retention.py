@@ -160,7 +160,7 @@ def test_a_run_makes_its_final_pass_only_where_a_trial_finished_meanwhile(here, 
     passes: list[int] = []
     real = retention.enforce
 
-    def counted(session, *args, **kwargs):
+    def counted(session: Session, *args: Any, **kwargs: Any) -> Any:
         passes.append(len(session.trials()))
         return real(session, *args, **kwargs)
 

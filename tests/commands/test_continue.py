@@ -26,7 +26,7 @@ def continued(study: dict[str, Any], steps: int, top: int | None = None, numbers
         def on_step(number: int, step: int) -> None:
             if step >= kill_at:
                 raise Killed
-        session.on_step = on_step  # type: ignore[method-assign]
+        session.watch_steps(on_step)
     try:
         api.StudySession(session)._check_before_run()  # what run() checks first
         if kill_at is None:
@@ -133,8 +133,9 @@ def test_cli_continue_killed_and_rerun_equals_a_longer_study(write_study, refere
     (t,) = optuna.load_study(study_name="t.continued-2400", storage=storage).trials
     want = reference(n_trials=2, pruner={"type": "none"}, train={"steps": 2400})[1]
     got = (t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
-           t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"))
-    assert got[1:] == want[1:]
+           t.user_attrs.get("best_step"), t.user_attrs.get("best_value"), t.user_attrs.get("last_step"),
+           t.user_attrs.get("metrics"))
+    assert got[1:] == want[1:]  # as snapshot() has them: metrics too
     assert t.user_attrs["ledger"]["interruptions"] == 1  # the kill (carrying trial 1 over is not one)
     assert t.user_attrs["ledger"]["lost_steps"] == reached - resumes_at
     assert [tr.user_attrs["last_step"] for tr in study_of(study).trials] == [600, 600]  # the study is untouched

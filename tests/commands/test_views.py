@@ -22,20 +22,21 @@ def test_a_resume_between_evaluations_is_marked_at_its_step_on_the_curve():
 
 
 def test_speed_comes_from_the_runners_windows_and_the_first_window_shows_compiling():
-    from sweep.commands.progress import TrialLine, trial_text
+    from sweep.commands.progress import Monitor, TrialLine, trial_text
     from sweep.store.session import Session
 
     session = Session(config_lib.from_dict(merge(BASE_STUDY, {}), origin="s.yaml"))
+    meter = Monitor(session).meter  # it watches the session's progress reports
     session.on_step(3, 0)  # the runner starts: its first window compiles
-    assert session.steps == {3: 0} and session.rates == {}
+    assert meter.steps == {3: 0} and meter.rates == {}
     time.sleep(0.05)
     session.on_step(3, 1)  # the first window (with the compile) ends: timing starts here
-    assert session.rates == {}
+    assert meter.rates == {}
     time.sleep(0.1)
     session.on_step(3, 11)
-    assert 30 < session.rates[3] < 110  # 10 steps in ~0.1 s, not counting the compile
+    assert 30 < meter.rates[3] < 110  # 10 steps in ~0.1 s, not counting the compile
     session.on_step(3, -1)
-    assert session.steps == {} and session.rates == {}
+    assert meter.steps == {} and meter.rates == {}
 
     line = TrialLine(3, 0, 600, None, None, None, None, compiling=True)
     assert "step 0/600, val_loss=- (best -), compiling, checkpoint - ago" in trial_text(line, "val_loss")

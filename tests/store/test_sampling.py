@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from conftest import BASE_STUDY, merge
-from sweep.store.samplers import RestartProofSampler, random_states, suggest_all
+from sweep.internals import sampler_random_states as random_states
+from sweep.store.samplers import RestartProofSampler, suggest_all
 from sweep.store.samplers import build_sampler as build_inner
 from sweep.study import config as config_lib
 
