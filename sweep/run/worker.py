@@ -3,42 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from sweep.checkpoints import retention
-from sweep.checkpoints.remote import upload_finished, upload_within_grace
+from sweep.checkpoints.remote import upload_finished
 from sweep.checkpoints.study_checkpoints import StudyCheckpoints
 from sweep.checkpoints.steps import newest_step
-from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
-from sweep.host import slots
+from sweep.errors import TakenOver
 from sweep.host.signals import StopSignal
 from sweep.run import plan as plan_lib
+from sweep.run.attempts import ClaimedTrial, run_attempts
 from sweep.schedulers import asha
 from sweep.store import enqueue, warm_start
-from sweep.store.outage import storage_fault
-from sweep.store.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES,
-                                LAST_STEP, METRICS, PBT_PARAMS, add_compiles, add_resume, counted_reports, eval_attr,
-                                exploited_at, metrics_at)
+from sweep.store.record import CHECKPOINT_DIR, METRICS, PBT_PARAMS
 from sweep.store.samplers import grid_points, suggest_all
 from sweep.store.session import Session
-from sweep.study import constraints, objectives
-from sweep.study.credentials import scrub
-from sweep.tracking.curves import Tracker, TrialLog, trial_start
-from sweep.train.compile_events import use_compilation_cache
+from sweep.study import objectives
+from sweep.tracking.curves import Tracker
 from sweep.train.compiled import forget_taken_grid_points
-from sweep.train.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger
-from sweep.train.loop import Outcome, TrialEvents, run_trial
+from sweep.train.ledger import RESUMES_ATTR
+from sweep.train.compile_events import use_compilation_cache
+from sweep.train.loop import Outcome
 from sweep.train.state import OPTIONAL_KEYS
 from sweep.trial import code as trial_code
-from sweep.trial import guard as trial_guard
-from sweep.words import count, numbered
+from sweep.words import numbered
 
 log = logging.getLogger("sweep")
 WAIT_POLL_S = 0.5
@@ -180,33 +174,11 @@ def _told(session: Session, number: int, outcome: Outcome) -> float | list[float
     return objectives.told_values(study.all_objectives, session.trial(number).user_attrs[METRICS])
 
 
-class _Fenced:
-    """The trial as the runner's reporter, checking before each report that this worker still
-    holds it (a worker frozen past the lease grace may have lost it to another).
-
-    A multi-objective trial reports nothing and is never pruned: Optuna supports neither for
-    several objectives (its per-step metrics are the `eval:<step>` user attributes)."""
-
-    def __init__(self, trial: optuna.Trial, fence: Callable[[], None], multi_objective: bool = False) -> None:
-        self.trial, self.fence, self.multi_objective = trial, fence, multi_objective
-
-    def report(self, value: float, step: int) -> None:
-        self.fence()
-        if not self.multi_objective:
-            self.trial.report(value, step)
-
-    def should_prune(self) -> bool:
-        return not self.multi_objective and self.trial.should_prune()
-
-
 def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, stop: StopSignal,
                  code: dict[str, Any], tracker: Tracker) -> None:
     config, claims = session.config, session.claims
     key = claims.key(claimed.number)
-
-    def fence() -> None:
-        claims.check(key, f"trial {claimed.number}")
-
+    fence = functools.partial(claims.check, key, f"trial {claimed.number}")
     try:
         frozen = session.trial(claimed.number)
         trial = session.handle(claimed.number)
@@ -238,8 +210,8 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
         trial_code.record_on(trial, frozen, code)
         if not claimed.adopted and not claimed.promoted:
             log.info("trial %d: started with params %s", claimed.number, params)
-        outcome = _attempts(session, ckpts, trial, frozen, params, Path(ckpt_dir), stop, fence,
-                            (resumes, claimed.adopted), tracker)
+        outcome = run_attempts(session, ckpts, ClaimedTrial(trial, frozen, params, Path(ckpt_dir), fence, resumes,
+                                                     resumed=claimed.adopted), stop, tracker)
         fence()  # before the tell
         if outcome is None:
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -251,7 +223,7 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
             session.study.tell(trial, _told(session, claimed.number, outcome), skip_if_finished=True)
         else:
             session.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-        session.finished_here.add(claimed.number)
+        session.finished_by_this_process(claimed.number)
         if outcome is not None:
             log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),
                      config.study.objective.metric, outcome.best_value, outcome.best_step, outcome.last_step)
@@ -262,130 +234,6 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
         log.warning("%s", exc)  # the study goes on; the trial is the other worker's now
     finally:
         claims.release(key)  # only where this worker is still the owner
-
-
-def _attempts(session: Session, ckpts: StudyCheckpoints, trial: optuna.Trial, frozen: FrozenTrial,
-              params: dict[str, Any], ckpt_dir: Path, stop: StopSignal, fence: Callable[[], None],
-              interrupted: tuple[int, bool], tracker: Tracker) -> Outcome | None:
-    """Run the trial, retrying up to max_retries times from its newest checkpoint; None if it failed.
-
-    Failures are counted in the `failures` user attribute, so a restart does not reset the count.
-    `interrupted`: (the trial's interruptions so far, whether this run takes it up after one).
-    """
-    resumes, resumed = interrupted
-    config = session.config
-    number, failures = frozen.number, int(frozen.user_attrs.get(FAILURES, 0))
-    while True:
-        curves = TrialLog(tracker, lambda step, frozen=frozen: trial_start(config, trial, frozen, params, step,
-                                                                           ckpt_dir, fence))
-        ckpt = ckpts.trial(number, ckpt_dir, fence=fence, on_commit=curves.checkpoint)
-        ckpt.restore_floor = exploited_at(frozen)  # a PBT member never resumes into a lineage it left
-
-        def on_step(n: int, step: int) -> None:
-            session.on_step(n, step)
-            curves.on_step(step)
-
-        def on_evaluation(step: int, metrics: dict[str, float]) -> None:
-            fence()
-            trial.set_user_attr(eval_attr(step), metrics)
-            curves.evaluation(step, metrics)
-
-        def on_restore(step: int) -> None:
-            fence()
-            add_resume(trial, session.trial(trial.number).user_attrs, step)
-
-        def on_data_shapes(shapes: dict[str, Any]) -> None:
-            if frozen.user_attrs.get(DATA_SHAPES_ATTR) != shapes:
-                fence()
-                trial.set_user_attr(DATA_SHAPES_ATTR, shapes)
-
-        def on_devices(names: list[str]) -> None:
-            fence()
-            trial.set_user_attr(DEVICES, names)
-            if slots.assigned_here():  # a host of several devices: say which slot the trial runs on
-                log.info("trial %d: on %s", number, ",".join(names))
-
-        def on_compiles(counts: dict[str, float]) -> None:
-            try:
-                fence()
-            except TakenOver:
-                return  # nothing more is written for a trial this worker lost
-            add_compiles(trial, session.trial(trial.number).user_attrs, counts)
-
-        def write_ledger(total: dict[str, float]) -> None:
-            try:
-                fence()
-                trial.set_user_attr(LEDGER_ATTR, total)
-            except TakenOver:
-                return
-            except Exception as exc:  # noqa: BLE001 - an account, not the trial's work: never charged
-                log.debug("trial %d: ledger not written (%s)", number, exc)
-
-        threads = set(threading.enumerate())
-        try:
-            with trial_guard.guarded():  # an exit in the trial's code fails the trial, not the run
-                outcome = run_trial(config, number, config.hyperparameters(params),
-                                    _Fenced(trial, fence, config.study.multi_objective),
-                                    counted_reports(frozen, config.study.objective.metric), ckpt, stop,
-                                    TrialEvents(on_restore, on_step, on_evaluation, on_compiles, on_data_shapes,
-                                                on_devices),
-                                    seed_number=session.seed_number(number), pause_at=asha.pause_at(config, frozen),
-                                    ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), write_ledger, resumes,
-                                                     resumed=resumed))
-            fence()
-            if outcome.state == "PAUSED":  # its rung checkpoint on disk before it is paused
-                ckpt.wait()
-                return outcome
-            # Recorded while the final save is still being written; told only once it is on disk.
-            best_metrics = metrics_at(session.trial(number), outcome.best_step, config.study.objective.metric)
-            for name, value in ((BEST_STEP, outcome.best_step), (BEST_VALUE, outcome.best_value),
-                                (LAST_STEP, outcome.last_step), (METRICS, best_metrics)):
-                trial.set_user_attr(name, value)
-            _set_constraints(session, trial, best_metrics)
-            ckpt.wait()
-            curves.end(outcome.state, outcome.best_step)
-            return outcome
-        except Interrupted:
-            curves.end("INTERRUPTED")
-            upload_within_grace(ckpts.remote, number, ckpt_dir, stop.grace_left() - 1.0)
-            raise
-        except (DiskFault, TakenOver):  # not the trial's fault: no retry charged
-            raise
-        except Exception as exc:  # a trial that raises fails alone; the study goes on
-            if storage_fault(exc):  # the database's fault, not the trial's: the run stops, the trial resumes
-                raise
-            failures += 1
-            trial.set_user_attr(FAILURES, failures)
-            trial.set_user_attr(ERROR, scrub(f"{type(exc).__name__}: {exc}")[:500])  # a storage row: no secret
-            retry = failures <= config.study.max_retries and not isinstance(exc, NonFiniteMetric)
-            log.error("Trial %d failed with parameters: %s because of the following error: %r.%s", number,
-                      params, exc, f" Retrying ({failures} of {config.study.max_retries}) from its newest checkpoint."
-                      if retry else "")
-            if not retry:
-                curves.end("FAIL")
-                return None
-            frozen = session.trial(number)  # the failed attempt's new reports
-            resumed = False  # a retry after the trial's own failure is no interruption
-        finally:
-            ckpt.close()
-            _warn_leftover_threads(number, threads)
-
-
-def _warn_leftover_threads(number: int, before: set[threading.Thread]) -> None:
-    left = [t.name for t in trial_guard.leftover_threads(before)]
-    if left:
-        log.warning("trial %d: its code left %s running (%s); the run does not wait for them at exit",
-                    number, count(len(left), "thread"), ", ".join(left[:5]))
-
-
-def _set_constraints(session: Session, trial: optuna.Trial, metrics: dict[str, Any]) -> None:
-    """Before the tell: the trial's constraint values, where the sampler and readers find them.
-    Optuna keeps the first value of a key (a resumed trial's are the same: bit-identical)."""
-    study = session.config.study
-    recorded = session.trial(trial.number).constraints
-    for key, value in zip(constraints.keys(study.constraints), constraints.values(study.constraints, metrics)):
-        if key not in recorded:
-            trial.set_constraint(key, value)
 
 
 def _after_finish(session: Session, ckpts: StudyCheckpoints) -> None:

@@ -319,3 +319,8 @@ class Session:
     def all_enqueued(self) -> None:
         """Every entry of the file's `enqueue` has a trial (sweep/store/enqueue.py): never read again."""
         self.enqueue_done = True
+
+    def finished_by_this_process(self, number: int) -> None:
+        """Trial `number` was told finished here: its claim is released, and an upload queued for it
+        may find no holder (sweep/checkpoints/study_checkpoints.py's upload fence)."""
+        self.finished_here.add(number)

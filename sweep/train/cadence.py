@@ -1,4 +1,5 @@
-"""When a trial saves: the checkpoint cadence, the write budget that may defer it, and what it costs.
+"""When a trial saves and what: the checkpoint cadence, the write budget that may defer it, what it
+costs, and the best state held back in memory until the next save.
 
 The rule (docs/reference.md, `checkpoint`): an explicit `every_steps` / `every_seconds` is
 honoured exactly, like Orbax's `save_interval_steps` or Lightning's `every_n_train_steps`; with
@@ -9,10 +10,13 @@ explicit `max_write_share` caps any cadence, and then every save it defers is co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from sweep.store.record import best_of_reports
 from sweep.words import count
 
 if TYPE_CHECKING:
@@ -133,3 +137,47 @@ def effective_interval(ledger: Mapping[str, Any] | None) -> dict[str, float] | N
     return {"steps": round(float(ledger["save_gap_steps"]) / gaps, 1),
             "seconds": round(float(ledger["save_gap_seconds"]) / gaps, 3),
             "deferred_saves": int(ledger.get("deferred_saves", 0))}
+
+
+@dataclasses.dataclass
+class Best:
+    """The trial's best evaluation so far, and its state while that is not on disk yet."""
+
+    sign: int  # +1 minimise, -1 maximise
+    step: int | None = None
+    value: float = math.inf
+    pending: tuple[int, Any, dict[str, float]] | None = None  # (step, host copy, metrics) not yet on disk
+
+    def offer(self, step: int, value: float) -> bool:
+        if self.step is None or self.sign * value < self.sign * self.value:
+            self.step, self.value = step, value
+            return True
+        return False
+
+
+def best_of(reported: Mapping[int, float], step: int, sign: int) -> Best:
+    """The best of the evaluations reported up to `step`."""
+    best = Best(sign=sign)
+    found = best_of_reports({s: v for s, v in reported.items() if s <= step}, sign)
+    if found is not None:
+        best.step, best.value = found
+    return best
+
+
+def flush(ckpt: TrialCheckpoints, best: Best, current: tuple[int, Callable[[], Any], dict | None] | None) -> bool:
+    """Write the best state if it is not on disk yet, then the current step (if given); False if
+    there was nothing to write (the step is on disk already: a resumed run's restored step).
+
+    The best state waits in memory for the next save: a resumed run recomputes it bit-identically,
+    so writing it at once would buy nothing but I/O.
+    """
+    items: list[tuple[int, Any, dict[str, float] | None]] = []
+    if best.pending is not None:
+        items.append(best.pending)
+        best.pending = None
+    if current is not None and current[0] not in (i[0] for i in items) and (
+            ckpt.last_saved is None or current[0] > ckpt.last_saved):
+        step, snapshot, metrics = current
+        items.append((step, snapshot(), metrics))
+    ckpt.save(*items)
+    return bool(items)

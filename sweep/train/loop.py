@@ -15,10 +15,9 @@ from sweep.checkpoints.folder import TrialCheckpoints, host_copy
 from sweep.errors import Interrupted, NonFiniteMetric
 from sweep.host import slots
 from sweep.host.signals import StopSignal
-from sweep.store.record import best_of_reports
 from sweep.study.config import Config
 from sweep.train import compile_events, compiled
-from sweep.train.cadence import Cadence
+from sweep.train.cadence import Cadence, best_of, flush
 from sweep.train.ledger import RunLedger
 from sweep.train.state import data_seed, initial_state, run_hyperparameters, shapes_of
 from sweep.train.stream import DATA_STATE_KEY, Batches, evaluate_batches, open_iterator, validation_streamed
@@ -40,28 +39,6 @@ class Outcome:
     best_step: int
     best_value: float
     last_step: int
-
-
-@dataclasses.dataclass
-class _Best:
-    sign: int  # +1 minimise, -1 maximise
-    step: int | None = None
-    value: float = math.inf
-    pending: tuple[int, Any, dict[str, float]] | None = None  # (step, host copy, metrics) not yet on disk
-
-    def offer(self, step: int, value: float) -> bool:
-        if self.step is None or self.sign * value < self.sign * self.value:
-            self.step, self.value = step, value
-            return True
-        return False
-
-
-def _window_end(step: int, total: int, eval_every: int, every_steps: int | None, cap: int) -> int:
-    """The end of the next window: the next evaluation, periodic save or last step, `cap` steps at most."""
-    ends = [total, (step // eval_every + 1) * eval_every, step + cap]
-    if every_steps:
-        ends.append((step // every_steps + 1) * every_steps)
-    return min(ends)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,207 +97,278 @@ def run_trial(
     Raises:
         Interrupted: a signal arrived; the current step was checkpointed first.
     """
-    study, module = config.study, config.trial_module
-    metric = study.objective.metric  # the first objective: it picks the best step
-    told = [o.metric for o in study.all_objectives]  # the metrics the trial is told with: finite
-    total, eval_every = study.train.steps, study.train.eval_every
-    compiles_before = compile_events.COMPILES.copy()
-    batches: Batches | None = None  # a streaming trial's training batches (sweep/train/stream.py)
-    ledger = ledger or RunLedger(None)
-    seed_number = number if seed_number is None else seed_number
+    run = _TrialRun(config, number, hp, reporter, reported, ckpt, stop, events or TrialEvents(),
+                    ledger or RunLedger(None), number if seed_number is None else seed_number, pause_at)
     stop.trial_starting(number)  # until its first new step, a signal has nothing new to save
-    events = events or TrialEvents()
-    on_restore, on_step, on_evaluation = events.on_restore, events.on_step, events.on_evaluation
-    on_compiles, on_data_shapes, on_devices = events.on_compiles, events.on_data_shapes, events.on_devices
     try:
-        fresh = initial_state(config, seed_number, hp)
-        state, data = fresh.state, fresh.data
-        shapes = shapes_of(data)
-        if on_data_shapes is not None and shapes is not None:
-            on_data_shapes(shapes)
-        devices = study.train.devices
-        # Fresh and restored states reach the compiled window placed alike (committed to the same
-        # device(s)): Orbax returns committed arrays, init uncommitted ones, and the lowering
-        # differs, so a resume would miss the persistent cache and compile anew.
-        place = compiled.placement(devices)
-        state, data = jax.device_put((state, data), place)
-        if on_devices is not None:  # where it trains, read from the placed state itself
-            on_devices(slots.names(jax.tree.leaves(state)[0].sharding.device_set))
-        sign = study.objective.sign
-        with ledger.timed("restoring"):
-            start, restored = ckpt.restore_intact(state, lambda s: _best_of(reported, s, sign).step)
-        ledger.started_at(start or 0, max([*reported, start or 0]))
-        stop.trial_starting(number, start or 0)
-        state = jax.device_put({**state, **restored}, place)  # a step saved before an optional key existed lacks it
-        if start is not None:
-            log.info("trial %d: resumed from step %d", number, start)
-            if on_restore is not None:
-                on_restore(start)
-        step = int(state["step"])
-        if on_step is not None:
-            on_step(number, step)  # training starts here (the first window compiles)
-        best = _best_of(reported, step, sign)
-        run_hp = run_hyperparameters(config, hp)
-        if DATA_STATE_KEY in state:  # the pipeline continues where the restored step left it
-            saved = np.asarray(state.pop(DATA_STATE_KEY)) if start is not None else None
-            batches = Batches(open_iterator(module, run_hp, data_seed(config, seed_number), saved), step, total,
-                              place)
-        val = module.val_batches(run_hp) if validation_streamed(module) else None
-        fns = compiled.Functions(module, run_hp, compiled.traced_names(config.sampled_names, hp), devices,
-                                 kind=fresh.kind)
-        if devices > 1:
-            leaf = jax.tree.leaves(state["params"])[0]
-            log.info("trial %d: data parallel: each batch split over %d devices, params replicated on %d",
-                     number, devices, len(leaf.sharding.device_set))
-        params, opt_state, key = state["params"], state["opt_state"], state["key"]
-        model_state, loss_sum = state.get("model_state", {}), state["train_loss_sum"]
-        cadence = Cadence.of(study.checkpoint, step)
-        evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
-        announce_first_step = bool(reported)  # a trial that made progress before: recovery is visible
-
-        def snapshot() -> Any:  # reads the loop's current state when called
-            current = {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32), "key": key,
-                       "train_loss_sum": loss_sum}
-            if model_state:
-                current["model_state"] = model_state
-            current = host_copy(current)
-            if batches is not None:
-                current[DATA_STATE_KEY] = batches.state_at(step)
-            return current
-
-        def window_of(begin: int) -> tuple[Any, int]:
-            """(data argument, end) of the window that starts at step `begin`."""
-            end = _window_end(begin, total, eval_every, study.checkpoint.every_steps, fns.cap)
-            return (data, end) if batches is None else batches.window(begin, end)
-
-        def evaluate() -> Mapping[str, Any]:
-            if val is None:
-                return fns.evaluate(params, model_state, data)
-            return evaluate_batches(lambda b: fns.evaluate(params, model_state, b), val, module.METRICS)
-
+        run.restore()
+        run.compile()
         while True:
-            if step > 0 and (step % eval_every == 0 or step == total):
-                # A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
-                # pruning decision at that step is made exactly as in an uninterrupted run.
-                with ledger.timed("evaluating"):
-                    evaluated = _metrics(evaluate(), module.METRICS, told, number, step)
-                value = evaluated[metric]
-                log.debug("trial %d: step %d: %s=%r (%s)", number, step, metric, value,
-                          ", ".join(f"{k}={v:.6g}" for k, v in evaluated.items() if k != metric))
-                if step not in reported:
-                    reporter.report(value, step)
-                if step != start:  # the restored step's metrics were recorded before the interruption
-                    interval = step - (step - 1) // eval_every * eval_every
-                    evaluated["train_loss"] = float(loss_sum) / interval
-                    if on_evaluation is not None:
-                        on_evaluation(step, evaluated)
-                loss_sum = jax.device_put(np.zeros((), np.float32), place)
-                if best.offer(step, value) and step != start:
-                    best.pending = (step, snapshot(), evaluated)
-                if step == pause_at:  # also a run restored at its rung: a kill came before the pause was recorded
-                    with ledger.timed("checkpoint_blocking"):
-                        _flush(ckpt, best, (step, snapshot, evaluated))
-                    return Outcome("PAUSED", _best_step(best), best.value, step)
-                if step < total and reporter.should_prune():
-                    with ledger.timed("checkpoint_blocking"):
-                        _flush(ckpt, best, None)
-                    return Outcome("PRUNED", _best_step(best), best.value, step)
-            if stop.signum is not None and step == (start or 0) and step < total:
-                # No step trained in this run: nothing new to save, the newest checkpoint stays it.
-                log.warning("trial %d: stopped before its first new step: nothing new to save, it resumes from "
-                            "step %d on the next run", number, step)
-                stop.check()
-            must = step == total or stop.signum is not None
-            if must or (cadence.due(step) and not cadence.defer(ckpt)):
-                with ledger.timed("checkpoint_blocking"):
-                    wrote = _flush(ckpt, best, (step, snapshot, evaluated))
-                cadence.saved(step, wrote)
-                ledger.saves = cadence.counts()
-                cadence.check_cost(number, ledger)
-                if step == total:
-                    break
-                if stop.signum is not None:
-                    with ledger.timed("checkpoint_blocking"):
-                        ckpt.wait()
-                    log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
-                                number, step)
-                    stop.check()
-            # Windows without bubbles: while a window's end needs no decision (no evaluation, save,
-            # signal or last step), the next window is dispatched on its outputs before waiting for
-            # it, so the device never idles between them. Values are read only where needed.
-            fns.restart_timing()
-            windows_start = time.monotonic()
-            window_data, end = window_of(step)
-            out = fns.dispatch(params, opt_state, model_state, loss_sum, key, window_data, step, end - step)
-            while not _decision_at(end, total, eval_every, cadence, stop):
-                window_data, after = window_of(end)
-                ahead = fns.dispatch(*out[:4], key, window_data, end, after - end)  # donates out's state
-                step = _finish_window(fns, out, number, step, end, on_step, stop)
-                out, end = ahead, after
-            step = _finish_window(fns, out, number, step, end, on_step, stop)
-            ledger.add("training", time.monotonic() - windows_start)
-            ledger.at_step(step)
-            params, opt_state, model_state, loss_sum, _ = out
-            evaluated = None
-            if announce_first_step:
-                announce_first_step = False
-                log.info("trial %d: training again, step %d done (restart -> first new step)", number, step)
-        return Outcome("COMPLETE", _best_step(best), best.value, step)
+            if run.evaluation_due():
+                run.evaluate()
+                stopped = run.pause_or_prune()
+                if stopped is not None:
+                    return stopped
+            run.stop_before_first_new_step()
+            if run.save_due():
+                run.save()
+                if run.step == run.total:
+                    return run.outcome("COMPLETE")
+                run.stop_after_save()
+            run.train_windows()
     except Interrupted:
         ckpt.wait()
         raise
     finally:
-        stop.trial_ended(number)
-        if batches is not None:
-            batches.close()
-        if on_step is not None:
-            on_step(number, -1)
-        done = compile_events.COMPILES - compiles_before
+        run.close()
+
+
+@dataclasses.dataclass
+class _TrialRun:
+    """One run of a trial in this process: what it was given, and the training state it holds
+    between the loop's steps (`run_trial` calls them in their order)."""
+
+    config: Config
+    number: int
+    hp: Mapping[str, Any]
+    reporter: Reporter
+    reported: Mapping[int, float]
+    ckpt: TrialCheckpoints
+    stop: StopSignal
+    events: TrialEvents
+    ledger: RunLedger
+    seed_number: int
+    pause_at: int | None
+    compiles_before: Any = dataclasses.field(default_factory=lambda: compile_events.COMPILES.copy())
+    batches: Batches | None = None  # a streaming trial's training batches (sweep/train/stream.py)
+    evaluated: dict[str, float] | None = None  # metrics of the current step, if it was evaluated
+
+    def __post_init__(self) -> None:
+        study = self.config.study
+        self.module = self.config.trial_module
+        self.metric = study.objective.metric  # the first objective: it picks the best step
+        self.told = [o.metric for o in study.all_objectives]  # the metrics the trial is told with: finite
+        self.total, self.eval_every = study.train.steps, study.train.eval_every
+        self.announce_first_step = bool(self.reported)  # a trial that made progress before: recovery is visible
+
+    def restore(self) -> None:
+        """The trial's initial state placed on its devices, then its newest intact checkpoint over it."""
+        config, study, events = self.config, self.config.study, self.events
+        fresh = initial_state(config, self.seed_number, self.hp)
+        state, data = fresh.state, fresh.data
+        self.kind = fresh.kind
+        shapes = shapes_of(data)
+        if events.on_data_shapes is not None and shapes is not None:
+            events.on_data_shapes(shapes)
+        # Fresh and restored states reach the compiled window placed alike (committed to the same
+        # device(s)): Orbax returns committed arrays, init uncommitted ones, and the lowering
+        # differs, so a resume would miss the persistent cache and compile anew.
+        self.place = compiled.placement(study.train.devices)
+        state, self.data = jax.device_put((state, data), self.place)
+        if events.on_devices is not None:  # where it trains, read from the placed state itself
+            events.on_devices(slots.names(jax.tree.leaves(state)[0].sharding.device_set))
+        sign = study.objective.sign
+        with self.ledger.timed("restoring"):
+            start, restored = self.ckpt.restore_intact(state, lambda s: best_of(self.reported, s, sign).step)
+        self.start = start
+        self.ledger.started_at(start or 0, max([*self.reported, start or 0]))
+        self.stop.trial_starting(self.number, start or 0)
+        # A step saved before an optional key existed lacks it: the fresh state's stays.
+        self.state = jax.device_put({**state, **restored}, self.place)
+        if start is not None:
+            log.info("trial %d: resumed from step %d", self.number, start)
+            if events.on_restore is not None:
+                events.on_restore(start)
+        self.step = int(self.state["step"])
+        if events.on_step is not None:
+            events.on_step(self.number, self.step)  # training starts here (the first window compiles)
+        self.best = best_of(self.reported, self.step, sign)
+
+    def compile(self) -> None:
+        """Open the trial's data streams and build its compiled window and evaluation (they
+        compile in the first window and evaluation); take the training state into the run."""
+        config, module, state = self.config, self.module, self.state
+        run_hp = run_hyperparameters(config, self.hp)
+        if DATA_STATE_KEY in state:  # the pipeline continues where the restored step left it
+            saved = np.asarray(state.pop(DATA_STATE_KEY)) if self.start is not None else None
+            self.batches = Batches(open_iterator(module, run_hp, data_seed(config, self.seed_number), saved),
+                                   self.step, self.total, self.place)
+        self.val = module.val_batches(run_hp) if validation_streamed(module) else None
+        devices = config.study.train.devices
+        self.fns = compiled.Functions(module, run_hp, compiled.traced_names(config.sampled_names, self.hp), devices,
+                                      kind=self.kind)
+        if devices > 1:
+            leaf = jax.tree.leaves(state["params"])[0]
+            log.info("trial %d: data parallel: each batch split over %d devices, params replicated on %d",
+                     self.number, devices, len(leaf.sharding.device_set))
+        self.params, self.opt_state, self.key = state["params"], state["opt_state"], state["key"]
+        self.model_state, self.loss_sum = state.get("model_state", {}), state["train_loss_sum"]
+        self.cadence = Cadence.of(config.study.checkpoint, self.step)
+
+    def evaluation_due(self) -> bool:
+        return self.step > 0 and (self.step % self.eval_every == 0 or self.step == self.total)
+
+    def evaluate(self) -> None:
+        """Evaluate the current step, report it, tell the caller, and keep it if it is the best.
+
+        A resumed trial evaluates its restored step again (cheap, bit-identical) so that the
+        pruning decision at that step is made exactly as in an uninterrupted run."""
+        step, number, metric = self.step, self.number, self.metric
+        with self.ledger.timed("evaluating"):
+            self.evaluated = evaluated = _metrics(self._evaluations(), self.module.METRICS, self.told, number, step)
+        value = evaluated[metric]
+        log.debug("trial %d: step %d: %s=%r (%s)", number, step, metric, value,
+                  ", ".join(f"{k}={v:.6g}" for k, v in evaluated.items() if k != metric))
+        if step not in self.reported:
+            self.reporter.report(value, step)
+        if step != self.start:  # the restored step's metrics were recorded before the interruption
+            interval = step - (step - 1) // self.eval_every * self.eval_every
+            evaluated["train_loss"] = float(self.loss_sum) / interval
+            if self.events.on_evaluation is not None:
+                self.events.on_evaluation(step, evaluated)
+        self.loss_sum = jax.device_put(np.zeros((), np.float32), self.place)
+        if self.best.offer(step, value) and step != self.start:
+            self.best.pending = (step, self._snapshot(), evaluated)
+
+    def pause_or_prune(self) -> Outcome | None:
+        """PAUSED at the trial's rung, PRUNED where the pruner says so (both saved first), else None."""
+        if self.step == self.pause_at:  # also a run restored at its rung: a kill came before the pause was recorded
+            with self.ledger.timed("checkpoint_blocking"):
+                flush(self.ckpt, self.best, (self.step, self._snapshot, self.evaluated))
+            return self.outcome("PAUSED")
+        if self.step < self.total and self.reporter.should_prune():
+            with self.ledger.timed("checkpoint_blocking"):
+                flush(self.ckpt, self.best, None)
+            return self.outcome("PRUNED")
+        return None
+
+    def stop_before_first_new_step(self) -> None:
+        """On a signal before this run trained a step: nothing new to save, the newest checkpoint stays it."""
+        if self.stop.signum is not None and self.step == (self.start or 0) and self.step < self.total:
+            log.warning("trial %d: stopped before its first new step: nothing new to save, it resumes from "
+                        "step %d on the next run", self.number, self.step)
+            self.stop.check()
+
+    def save_due(self) -> bool:
+        """The last step and a signal's save are never deferred; a periodic one may be (`Cadence`)."""
+        must = self.step == self.total or self.stop.signum is not None
+        return must or (self.cadence.due(self.step) and not self.cadence.defer(self.ckpt))
+
+    def save(self) -> None:
+        """Save the best state held back and the current step (in the background), and count it."""
+        with self.ledger.timed("checkpoint_blocking"):
+            wrote = flush(self.ckpt, self.best, (self.step, self._snapshot, self.evaluated))
+        self.cadence.saved(self.step, wrote)
+        self.ledger.saves = self.cadence.counts()
+        self.cadence.check_cost(self.number, self.ledger)
+
+    def stop_after_save(self) -> None:
+        """On a signal: wait for the save of this step, then stop (it resumes from it)."""
+        if self.stop.signum is not None:
+            with self.ledger.timed("checkpoint_blocking"):
+                self.ckpt.wait()
+            log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
+                        self.number, self.step)
+            self.stop.check()
+
+    def train_windows(self) -> None:
+        """Train up to the next step that needs a decision (an evaluation, a save, a signal, the last step).
+
+        Windows without bubbles: while a window's end needs no decision, the next window is
+        dispatched on its outputs before waiting for it, so the device never idles between them.
+        Values are read only where needed."""
+        fns, key = self.fns, self.key
+        fns.restart_timing()
+        windows_start = time.monotonic()
+        window_data, end = self._window_of(self.step)
+        out = fns.dispatch(self.params, self.opt_state, self.model_state, self.loss_sum, key, window_data, self.step,
+                           end - self.step)
+        while not self._decision_at(end):
+            window_data, after = self._window_of(end)
+            ahead = fns.dispatch(*out[:4], key, window_data, end, after - end)  # donates out's state
+            self._finish_window(out, end)
+            out, end = ahead, after
+        self._finish_window(out, end)
+        self.ledger.add("training", time.monotonic() - windows_start)
+        self.ledger.at_step(self.step)
+        self.params, self.opt_state, self.model_state, self.loss_sum, _ = out
+        self.evaluated = None
+        if self.announce_first_step:
+            self.announce_first_step = False
+            log.info("trial %d: training again, step %d done (restart -> first new step)", self.number, self.step)
+
+    def outcome(self, state: str) -> Outcome:
+        assert self.best.step is not None, "the last step is always evaluated"
+        return Outcome(state, self.best.step, self.best.value, self.step)
+
+    def close(self) -> None:
+        """The trial stops running here (done, stopped or failed): close its streams, account its compiles."""
+        self.stop.trial_ended(self.number)
+        if self.batches is not None:
+            self.batches.close()
+        if self.events.on_step is not None:
+            self.events.on_step(self.number, -1)
+        self._account_compiles(compile_events.COMPILES - self.compiles_before)
+
+    def _account_compiles(self, done: Any) -> None:
+        ledger, on_compiles = self.ledger, self.events.on_compiles
         # Compiles happen inside the first window and evaluation: counted as compiling, not there.
         for part, fun in (("training", "window"), ("evaluating", "evaluate")):
             ledger.add(part, -min(done[f"seconds:{fun}"], ledger.parts[part]))
         ledger.add("compiling", done["compile_seconds"])
-        ledger.background = ckpt.written_seconds
+        ledger.background = self.ckpt.written_seconds
         ledger.finish()
         if on_compiles is not None:
             on_compiles({"compilations": compile_events.compilations(done), "cache_hits": done["cache_hits"],
                          "compile_seconds": round(done["compile_seconds"], 3)})
         log.debug("trial %d: XLA compilations %d (window %d, evaluate %d; %.1f s), executables from the "
-                  "persistent cache %d", number, compile_events.compilations(done), compile_events.compilations(done, "window"),
-                  compile_events.compilations(done, "evaluate"), done["compile_seconds"], done["cache_hits"])
+                  "persistent cache %d", self.number, compile_events.compilations(done),
+                  compile_events.compilations(done, "window"), compile_events.compilations(done, "evaluate"),
+                  done["compile_seconds"], done["cache_hits"])
 
+    def _snapshot(self) -> Any:
+        """A host copy of the current training state (read when a save asks for it)."""
+        current = {"params": self.params, "opt_state": self.opt_state, "step": np.asarray(self.step, np.int32),
+                   "key": self.key, "train_loss_sum": self.loss_sum}
+        if self.model_state:
+            current["model_state"] = self.model_state
+        current = host_copy(current)
+        if self.batches is not None:
+            current[DATA_STATE_KEY] = self.batches.state_at(self.step)
+        return current
 
-def _decision_at(step: int, total: int, eval_every: int, cadence: Cadence, stop: StopSignal) -> bool:
-    """Something at `step` needs the training state: the last step, an evaluation, a save, a signal."""
-    return step == total or step % eval_every == 0 or stop.signum is not None or cadence.due(step)
+    def _evaluations(self) -> Mapping[str, Any]:
+        if self.val is None:
+            return self.fns.evaluate(self.params, self.model_state, self.data)
+        return evaluate_batches(lambda b: self.fns.evaluate(self.params, self.model_state, b), self.val,
+                                self.module.METRICS)
 
+    def _window_of(self, begin: int) -> tuple[Any, int]:
+        """(data argument, end) of the window that starts at step `begin`: it ends at the next
+        evaluation, periodic save or last step, `fns.cap` steps at most."""
+        ends = [self.total, (begin // self.eval_every + 1) * self.eval_every, begin + self.fns.cap]
+        every_steps = self.config.study.checkpoint.every_steps
+        if every_steps:
+            ends.append((begin // every_steps + 1) * every_steps)
+        end = min(ends)
+        return (self.data, end) if self.batches is None else self.batches.window(begin, end)
 
-def _finish_window(fns: compiled.Functions, out: Any, number: int, start: int, end: int,
-                   on_step: Callable[[int, int], None] | None, stop: StopSignal) -> int:
-    """Wait for the window [start, end); fail the trial if its training loss is not finite."""
-    fns.finish(out, end - start)
-    stop.trial_trained(number)
-    loss_sum = float(out[3])
-    if not math.isfinite(loss_sum):
-        raise NonFiniteMetric(f"trial {number}: the training loss is {loss_sum} in steps {start + 1}-{end} "
-                              "(non-finite); the trial failed")
-    if on_step is not None:
-        on_step(number, end)
-    return end
+    def _decision_at(self, step: int) -> bool:
+        """Something at `step` needs the training state: the last step, an evaluation, a save, a signal."""
+        return (step == self.total or step % self.eval_every == 0 or self.stop.signum is not None
+                or self.cadence.due(step))
 
-
-def _best_of(reported: Mapping[int, float], step: int, sign: int) -> _Best:
-    """The best of the evaluations reported up to `step`."""
-    best = _Best(sign=sign)
-    found = best_of_reports({s: v for s, v in reported.items() if s <= step}, sign)
-    if found is not None:
-        best.step, best.value = found
-    return best
-
-
-def _best_step(best: _Best) -> int:
-    assert best.step is not None, "the last step is always evaluated"
-    return best.step
+    def _finish_window(self, out: Any, end: int) -> None:
+        """Wait for the window [step, end); fail the trial if its training loss is not finite."""
+        self.fns.finish(out, end - self.step)
+        self.stop.trial_trained(self.number)
+        loss_sum = float(out[3])
+        if not math.isfinite(loss_sum):
+            raise NonFiniteMetric(f"trial {self.number}: the training loss is {loss_sum} in steps "
+                                  f"{self.step + 1}-{end} (non-finite); the trial failed")
+        if self.events.on_step is not None:
+            self.events.on_step(self.number, end)
+        self.step = end
 
 
 def _metrics(metrics: Mapping[str, Any], declared: Any, told: Sequence[str], number: int,
@@ -342,22 +390,3 @@ def _metrics(metrics: Mapping[str, Any], declared: Any, told: Sequence[str], num
             raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "
                                   "the trial failed")
     return values
-
-
-def _flush(ckpt: TrialCheckpoints, best: _Best, current: tuple[int, Callable[[], Any], dict | None] | None) -> bool:
-    """Write the best state if it is not on disk yet, then the current step (if given); False if
-    there was nothing to write (the step is on disk already: a resumed run's restored step).
-
-    The best state waits in memory for the next save: a resumed run recomputes it bit-identically,
-    so writing it at once would buy nothing but I/O.
-    """
-    items: list[tuple[int, Any, dict[str, float] | None]] = []
-    if best.pending is not None:
-        items.append(best.pending)
-        best.pending = None
-    if current is not None and current[0] not in (i[0] for i in items) and (
-            ckpt.last_saved is None or current[0] > ckpt.last_saved):
-        step, snapshot, metrics = current
-        items.append((step, snapshot(), metrics))
-    ckpt.save(*items)
-    return bool(items)
