@@ -90,13 +90,15 @@ def resolve(name: object) -> type[SchedulerKeys]:
     cls = getattr(module, class_name, None)
     if cls is None:
         raise ValueError(f"module {module_name} has no attribute {class_name}")
-    missing = [m for m in BEHAVIOUR if not callable(getattr(cls, m, None))] if isinstance(cls, type) else []
-    if not (isinstance(cls, type) and issubclass(cls, SchedulerKeys)) or missing or inspect.isabstract(cls):
-        why = (f"it lacks {', '.join(missing)}" if missing else "it leaves abstract methods undefined"
-               if isinstance(cls, type) and issubclass(cls, SchedulerKeys) else
-               "not a subclass of sweep.schedulers.contract.Scheduler")
-        raise ValueError(f"{path} is no scheduler ({why}; docs/development.md says what a scheduler provides)")
-    return cls
+    if not (isinstance(cls, type) and issubclass(cls, SchedulerKeys)):
+        why = "not a subclass of sweep.schedulers.contract.Scheduler"
+    elif missing := [m for m in BEHAVIOUR if not callable(getattr(cls, m, None))]:
+        why = f"it lacks {', '.join(missing)}"
+    elif inspect.isabstract(cls):
+        why = f"it leaves {', '.join(sorted(cls.__abstractmethods__))} abstract"
+    else:
+        return cls
+    raise ValueError(f"{path} is no scheduler ({why}; docs/development.md says what a scheduler provides)")
 
 
 def allowed_keys(name: object) -> list[str]:
