@@ -128,7 +128,7 @@ def test_each_family_says_its_job_and_what_it_may_import():
 
 
 # Each built-in scheduler's name, and the one module that may compare a value with it (issue 38: the
-# run loop, plan, status, export and the fingerprint ask the scheduler object, sweep/schedulers/contract.py).
+# run loop, plan, status, export and the fingerprint ask the scheduler object, sweep/schedulers/base.py).
 SCHEDULER_MODULES = {"asha": "schedulers/asha.py", "hyperband": "schedulers/hyperband.py", "pbt": "schedulers/pbt.py"}
 
 
@@ -153,7 +153,7 @@ def test_scheduler_names_are_compared_only_in_their_own_modules():
     found = [f"{path.relative_to(SWEEP)}:{line}: {name!r}" for path in SWEEP.rglob("*.py")
              for name, line in _name_comparisons(path.read_text())
              if str(path.relative_to(SWEEP)) != SCHEDULER_MODULES[name]]
-    assert not found, f"ask the scheduler (sweep/schedulers/contract.py) instead: {found}"
+    assert not found, f"ask the scheduler (sweep/schedulers/base.py) instead: {found}"
 
 
 def test_the_scheduler_name_check_finds_a_comparison():

@@ -19,7 +19,7 @@ from sweep.commands.best import best_state
 from sweep.commands.export_format import flatten
 from sweep.errors import CheckpointsRemoved, SweepError
 from sweep.results import ExportIndex
-from sweep.schedulers import contract as scheduler
+from sweep.schedulers import base as scheduler
 from sweep.store.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, params_in_force, train_loss_at
 from sweep.store.session import Session
 from sweep.study.constraints import feasible

@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep.checkpoints import retention
 from sweep.checkpoints.steps import newest_mtime, newest_step
 from sweep.results import StudyStatus, TrialStatus
-from sweep.schedulers import contract as scheduler
+from sweep.schedulers import base as scheduler
 from sweep.store.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP,
                                 METRICS, PAUSED_AT, best_of_reports, checkpoint_folder, companions, counted_reports,
                                 metrics_at, paused_rung, train_loss_at)

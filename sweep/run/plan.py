@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from sweep.checkpoints import retention
 from sweep.checkpoints.steps import newest_step
-from sweep.schedulers import contract as scheduler
+from sweep.schedulers import base as scheduler
 from sweep.store import enqueue
 from sweep.store.record import checkpoint_folder, paused_rung
 from sweep.store.samplers import sampler_notes
@@ -45,7 +45,7 @@ class Plan:
     waiting: list[int] = dataclasses.field(default_factory=list)  # WAITING (enqueued): run first
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of `new`: the file's
     # `enqueue` entries still to run, in order (they go first)
-    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # number -> rung (sweep/schedulers/contract.py)
+    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # number -> rung (sweep/schedulers/base.py)
 
     @property
     def code_changed(self) -> bool:

@@ -19,7 +19,7 @@ from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.host import slots
 from sweep.host.signals import StopSignal
 from sweep.run import plan as plan_lib
-from sweep.schedulers import contract as scheduler
+from sweep.schedulers import base as scheduler
 from sweep.store import enqueue, warm_start
 from sweep.store.outage import storage_fault
 from sweep.store.record import (BEST_STEP, BEST_VALUE, CHECKPOINT_DIR, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES,
@@ -46,7 +46,7 @@ TRACKING_DRAIN_S = 10.0  # at the end of a run, what the writers have not sent y
 class Claimed:
     number: int
     adopted: bool
-    promoted: bool = False  # a paused trial going on from its rung (sweep/schedulers/contract.py)
+    promoted: bool = False  # a paused trial going on from its rung (sweep/schedulers/base.py)
 
 
 def run(session: Session, stop: StopSignal) -> None:

@@ -1,5 +1,5 @@
-"""Schedulers that pause, promote and exploit trials: the contract every scheduler implements
-(contract.py), asha, hyperband and pbt (one module each, named in sweep/study/scheduler_keys.py's
+"""Schedulers that pause, promote and exploit trials: the base class every scheduler extends
+(base.py), asha, hyperband and pbt (one module each, named in sweep/study/scheduler_keys.py's
 registry), and replay of a PBT lineage.
 
 May import: sweep's top-level errors, words and results, and the families below it: host, trial, study, store, checkpoints, train.

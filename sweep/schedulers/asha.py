@@ -5,7 +5,7 @@ A trial trains to its rung (`scheduler.min_steps * reduction_factor**k`, below t
 checkpointed at exactly that step and paused: Optuna's WAITING state (not RUNNING, which a
 sampler's constant liar would count for ever; not finished, since it may go on) with its rungs
 in the `paused_at` user attribute (sweep/store/record.py; the pause and promote steps every
-scheduler shares are in sweep/schedulers/contract.py). A free worker promotes, from the top rung
+scheduler shares are in sweep/schedulers/base.py). A free worker promotes, from the top rung
 down, the best paused trial whose value at its rung ranks in the top 1/reduction_factor of the
 trials that reached that rung; it resumes from its rung checkpoint to the next rung or the end.
 Only where none is promotable does the worker start a new trial. Once n_trials have started and
@@ -26,7 +26,7 @@ from typing import Annotated, Mapping, Sequence
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import Field, model_validator
 
-from sweep.schedulers import contract
+from sweep.schedulers import base
 from sweep.store import enqueue
 from sweep.store.record import RUNG_TARGET, paused_rung
 from sweep.store.session import Session
@@ -47,7 +47,7 @@ class Promotion:
     reached: int  # how many trials reached the rung
 
 
-class Asha(contract.Scheduler):
+class Asha(base.Scheduler):
     """`scheduler: {type: asha, min_steps, reduction_factor}`: rungs at min_steps *
     reduction_factor**k below train.steps (docs/schedulers.md)."""
 
@@ -86,13 +86,13 @@ class Asha(contract.Scheduler):
         """The promotion `next_promotion` names, if any. Where no trial can start or run any more
         and none completed, the best paused one of the highest rung goes on (relaxed), so that the
         study has a best trial."""
-        config, paused_now = session.config, contract.paused(trials)
+        config, paused_now = session.config, base.paused(trials)
         promotion = next_promotion(config, trials)
         if (promotion is None and paused_now and not enqueue.waiting(states, paused_now) and not session.running()
                 and enqueue.counted(states, paused_now) >= config.study.n_trials
                 and TrialState.COMPLETE not in states.values()):
             promotion = next_promotion(config, trials, relaxed=True)
-        if promotion is None or not contract.promote(session, promotion.number, promotion.to):
+        if promotion is None or not base.promote(session, promotion.number, promotion.to):
             return None
         log.info("trial %d: promoted from rung %d (%s=%r, rank %d of %d), trains on to step %d", promotion.number,
                  promotion.rung, config.study.objective.metric, promotion.value, promotion.rank + 1,

@@ -9,7 +9,7 @@ is a function of the stored study and `train.seed`, recorded before it is applie
 any moment and the same command again make the same decisions:
 
 1. A member reaches an interval step, its checkpoint there is on disk, it pauses (Optuna's
-   WAITING with `paused_at`, as for asha: sweep/schedulers/contract.py).
+   WAITING with `paused_at`, as for asha: sweep/schedulers/base.py).
 2. When every member of the population has paused at that step, the first free worker (under the
    ask lock) ranks them by their value there and records the decision as a study user attribute
    `pbt:<population>:<step>`: for each of the worst floor(quantile * members), the better
@@ -44,7 +44,7 @@ from pydantic import Field, model_validator
 
 from sweep.checkpoints import integrity
 from sweep.checkpoints.steps import kept_steps
-from sweep.schedulers import contract
+from sweep.schedulers import base
 from sweep.store.record import (DATA_SHAPES_ATTR, LINEAGE, PAUSED_AT, PBT_PARAMS, RUNG_TARGET, eval_attr,
                                 is_warm_start, params_in_force, paused_rung)
 from sweep.store.session import Session
@@ -56,7 +56,7 @@ log = logging.getLogger("sweep")
 DECISION_ATTR = "pbt:{population}:{step}"
 
 
-class Pbt(contract.Scheduler):
+class Pbt(base.Scheduler):
     """`scheduler: {type: pbt, population, interval_steps, ...}`: populations of `population` trials
     that pause every `interval_steps`, where the worst `quantile` copy the state of a better member
     and perturb its float hyperparameters."""
@@ -218,7 +218,7 @@ def promote_next(session: Session, states: Mapping[int, TrialState], trials: Seq
         _apply(session, {t.number: t for t in members}, step, decision)
         number = min(t.number for t in waiting if paused_rung(t) == step)
         to = _scheduler(config).next_stop(step, config.study.train.steps)
-        if contract.promote(session, number, to):
+        if base.promote(session, number, to):
             log.info("trial %d: goes on from step %d to step %d with params %s", number, step, to,
                      params_in_force(session.trial(number)))
             return number

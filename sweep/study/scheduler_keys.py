@@ -4,8 +4,8 @@ or an import path to its class, and the checking of the section with that class'
 The schedulers themselves (asha, hyperband, pbt: where trials pause, which go on) live in
 sweep/schedulers/, a family above this one: it is named here by import path only and imported by
 `resolve`, never by an import statement. The class a name resolves to is a pydantic model of the
-section (its keys and their rules) that also implements the contract of
-sweep/schedulers/contract.py; `config.study.scheduler` is an instance of it.
+section (its keys and their rules) that also does what sweep/schedulers/base.py's Scheduler
+declares; `config.study.scheduler` is an instance of it.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ MAX_STEP = 2 ** 31 - 1
 REGISTRY = {"asha": "sweep.schedulers.asha:Asha", "hyperband": "sweep.schedulers.hyperband:Hyperband",
             "pbt": "sweep.schedulers.pbt:Pbt"}
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-# What the run asks of a scheduler beyond its keys (sweep/schedulers/contract.py declares them):
-# a class without them is no scheduler.
-BEHAVIOUR = ("pause_at", "promote_next", "pause", "finish_paused")
+# What the run, plan, status and export ask of a scheduler beyond its keys (sweep/schedulers/base.py
+# declares them, with defaults for all but the first two): a class without them is no scheduler.
+BEHAVIOUR = ("pause_at", "promote_next", "pause", "finish_paused", "plan_note", "status_fields", "export_fields")
 
 
 class SchedulerKeys(StrictModel):
     """The `scheduler` section as one scheduler's model checks it: `type` (its registered name or
     import path) and the keys of that type, with their rules. What the study file's rules read of
-    a scheduler is here; what it does, in sweep/schedulers/contract.py."""
+    a scheduler is here; what it does, in sweep/schedulers/base.py."""
 
     type: str
     # The key of the step a trial first pauses at, and what the messages call that step.
@@ -91,7 +91,7 @@ def resolve(name: object) -> type[SchedulerKeys]:
     if cls is None:
         raise ValueError(f"module {module_name} has no attribute {class_name}")
     if not (isinstance(cls, type) and issubclass(cls, SchedulerKeys)):
-        why = "not a subclass of sweep.schedulers.contract.Scheduler"
+        why = "not a subclass of sweep.schedulers.base.Scheduler"
     elif missing := [m for m in BEHAVIOUR if not callable(getattr(cls, m, None))]:
         why = f"it lacks {', '.join(missing)}"
     elif inspect.isabstract(cls):

@@ -1,4 +1,4 @@
-"""The scheduler contract (sweep/schedulers/contract.py) from outside sweep/: a toy scheduler of the
+"""The scheduler contract (sweep/schedulers/base.py) from outside sweep/: a toy scheduler of the
 test folder, named in the study file by its import path only, pauses, promotes and finishes
 trials through the real CLI, and a kill -9 mid-promotion then the same command ends bit for bit
 as an uninterrupted run; a scheduler.type that names no scheduler, or the toy's own bad keys,
@@ -97,7 +97,7 @@ BAD = [
      "got 'tests.schedulers.toy_scheduler:Absent'"),
     ("no-scheduler", {"type": "collections:OrderedDict"},
      "scheduler.type: collections:OrderedDict is no scheduler (not a subclass of "
-     "sweep.schedulers.contract.Scheduler; docs/development.md says what a scheduler provides), "
+     "sweep.schedulers.base.Scheduler; docs/development.md says what a scheduler provides), "
      "got 'collections:OrderedDict'"),
     ("malformed-path", {"type": "tests/toy.py:Toy"},
      "scheduler.type: must be a scheduler name or an import path like package.module:ClassName, "

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Mapping, Sequence
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import Field, model_validator
 
-from sweep.schedulers import contract
+from sweep.schedulers import base
 from sweep.store.record import RUNG_TARGET, paused_rung
 from sweep.store.session import Session
 from sweep.study.config import Config
@@ -20,7 +20,7 @@ from sweep.study.config import Config
 log = logging.getLogger("sweep")
 
 
-class PromoteInOrder(contract.Scheduler):
+class PromoteInOrder(base.Scheduler):
     """Pauses at `stops`; promotes the paused trial with the lowest number once none is left to start."""
 
     stops: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] | None = None
@@ -64,7 +64,7 @@ class PromoteInOrder(contract.Scheduler):
         t = waiting[0]
         stop = int(paused_rung(t))  # type: ignore[arg-type]
         to = self.next_stop(stop, session.config.study.train.steps)
-        if not contract.promote(session, t.number, to):
+        if not base.promote(session, t.number, to):
             return None
         log.info("trial %d: promoted in number order from step %d to step %d", t.number, stop, to)
         return t.number

@@ -1,4 +1,4 @@
-"""The scheduler contract: what asha, hyperband, pbt and a user's scheduler provide to the run loop,
+"""The Scheduler base class: what asha, hyperband, pbt and a user's scheduler provide to the run loop,
 plan, status, export and the fingerprint, the pause and promote steps they share, and the run's
 one way to the study's scheduler (`of`, and the module functions the worker calls).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence, cast
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -105,9 +105,8 @@ def promote(session: Session, number: int, to: int) -> bool:
 
 def of(config: Config) -> Scheduler | None:
     """The study's scheduler; None without one."""
-    s = config.study.scheduler
-    assert s is None or isinstance(s, Scheduler), type(s)  # scheduler_keys.resolve admits only schedulers
-    return s
+    # scheduler_keys.resolve admits only a class with the methods of Scheduler (a Scheduler, as a rule)
+    return cast("Scheduler | None", config.study.scheduler)
 
 
 def paused(trials: Sequence[FrozenTrial]) -> list[int]:
