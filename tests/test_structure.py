@@ -125,6 +125,40 @@ def test_each_family_says_its_job_and_what_it_may_import():
         assert "May import:" in doc and all(f in doc for f in lower), (family, doc)
 
 
+# Each built-in scheduler's name, and the one module that may compare a value with it (issue 38: the
+# run loop, plan, status, export and the fingerprint ask the scheduler object, sweep/schedulers/base.py).
+SCHEDULER_MODULES = {"asha": "schedulers/asha.py", "hyperband": "schedulers/hyperband.py", "pbt": "schedulers/pbt.py"}
+
+
+def _name_comparisons(source: str) -> list[tuple[str, int]]:
+    """(scheduler name, line) of each comparison with it: `== "pbt"`, `in ("asha", ...)`, `case "pbt"`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        else:
+            continue
+        for operand in operands:
+            elements = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            found += [(e.value, node.lineno) for e in elements
+                      if isinstance(e, ast.Constant) and e.value in SCHEDULER_MODULES]
+    return found
+
+
+def test_scheduler_names_are_compared_only_in_their_own_modules():
+    found = [f"{path.relative_to(SWEEP)}:{line}: {name!r}" for path in SWEEP.rglob("*.py")
+             for name, line in _name_comparisons(path.read_text())
+             if str(path.relative_to(SWEEP)) != SCHEDULER_MODULES[name]]
+    assert not found, f"ask the scheduler (sweep/schedulers/base.py) instead: {found}"
+
+
+def test_the_scheduler_name_check_finds_a_comparison():
+    source = 'if s.type == "pbt" or kind in ("asha", "median"):\n    pass\nmatch k:\n    case "hyperband": pass\n'
+    assert _name_comparisons(source) == [("pbt", 1), ("asha", 1), ("hyperband", 4)]
+
+
 def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 

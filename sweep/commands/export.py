@@ -20,7 +20,8 @@ from sweep.commands.best import best_state
 from sweep.commands.export_format import flatten
 from sweep.errors import CheckpointsRemoved, SweepError
 from sweep.results import ExportIndex
-from sweep.store.record import CONTINUED_FROM, LAST_STEP, LINEAGE, best_step, metrics_at, params_in_force, train_loss_at
+from sweep.schedulers import base as scheduler
+from sweep.store.record import CONTINUED_FROM, LAST_STEP, best_step, metrics_at, params_in_force, train_loss_at
 from sweep.store.session import Session
 from sweep.study.constraints import feasible
 from sweep.trial import code as trial_code
@@ -128,8 +129,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                                            sign * best_step(t, direction)[1], t.number))
     out.mkdir(parents=True, exist_ok=True)
     entries = []
-    pbt_on = config.study.scheduler is not None and config.study.scheduler.type == "pbt"
     remote = open_remote(session)
+    sched = scheduler.of(config)
     for t in trials:
         restored = best_state(config, t, remote=remote)
         step, value = restored.step, restored.value
@@ -147,8 +148,8 @@ def export(session: Session, out: Path, trial: int | None = None, include_pruned
                  **({"pareto": t.number in front, "values": _values(config, t)} if multi else {}),
                  "train_loss": train_loss_at(t, step),  # mean training loss of the interval before best_step
                  "collections": sorted(variables),  # model state beside the params, in state.safetensors
-                 # scheduler pbt: its exploits (sweep/schedulers/pbt.py); its hyperparameters are those in force
-                 **({LINEAGE: t.user_attrs.get(LINEAGE, [])} if pbt_on else {}),
+                 # the scheduler's own (pbt: its exploits, sweep/schedulers/pbt.py)
+                 **(sched.export_fields(t) if sched is not None else {}),
                  # a trial of a companion study: the trial `continue` trained further
                  **({CONTINUED_FROM: t.user_attrs[CONTINUED_FROM]} if CONTINUED_FROM in t.user_attrs else {}),
                  **provenance(config, t)}

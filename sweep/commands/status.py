@@ -11,9 +11,10 @@ from sweep.checkpoints import retention
 from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import newest_mtime, newest_step
 from sweep.results import StudyStatus, TrialStatus
-from sweep.store.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP, LINEAGE,
+from sweep.schedulers import base as scheduler
+from sweep.store.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP,
                                 METRICS, PAUSED_AT, best_of_reports, checkpoint_folder, companions, counted_reports,
-                                metrics_at, params_in_force, paused_rung, train_loss_at)
+                                metrics_at, paused_rung, train_loss_at)
 from sweep.store.session import Session
 from sweep.study.config import Config, sign
 from sweep.study.constraints import feasible
@@ -43,10 +44,9 @@ def collect(session: Session) -> StudyStatus:
             done = t.state == TrialState.COMPLETE
             entry["values"] = dict(zip((o.metric for o in config.study.all_objectives), t.values)) if done else None
             entry["pareto"] = t.number in front
-    if config.study.scheduler is not None and config.study.scheduler.type == "pbt":  # its exploits (sweep/schedulers/pbt.py)
+    if (sched := scheduler.of(config)) is not None:  # its own fields (pbt: its exploits, sweep/schedulers/pbt.py)
         for entry, t in zip(entries, trials):
-            entry["lineage"] = t.user_attrs.get(LINEAGE, [])
-            entry["params_in_force"] = params_in_force(t)  # the table shows these
+            entry.update(sched.status_fields(t))
     if config.study.checkpoint.remote is not None:  # the newest step each trial has in the tier
         remote = remote_steps(session, (t.number for t in trials)) or {}
         for entry in entries:

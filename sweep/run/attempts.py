@@ -17,7 +17,7 @@ from sweep.checkpoints.study_checkpoints import StudyCheckpoints
 from sweep.errors import DiskFault, Interrupted, NonFiniteMetric, TakenOver
 from sweep.host import slots
 from sweep.host.signals import StopSignal
-from sweep.schedulers import asha
+from sweep.schedulers import base as scheduler
 from sweep.store.outage import storage_fault
 from sweep.store.record import (BEST_STEP, BEST_VALUE, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES, LAST_STEP, METRICS,
                                 add_compiles, add_resume, counted_reports, eval_attr, exploited_at, metrics_at)
@@ -110,7 +110,7 @@ class _Attempt:
                 outcome = run_trial(config, number, config.hyperparameters(claimed.params), writes,
                                     counted_reports(frozen, config.study.objective.metric), self.ckpt, stop,
                                     writes.events(),
-                                    seed_number=session.seed_number(number), pause_at=asha.pause_at(config, frozen),
+                                    seed_number=session.seed_number(number), pause_at=scheduler.pause_at(config, frozen),
                                     ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), writes.ledger,
                                                      claimed.resumes, resumed=claimed.resumed))
             claimed.fence()

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from sweep.checkpoints import retention
 from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import newest_step
+from sweep.schedulers import base as scheduler
 from sweep.store import enqueue
 from sweep.store.record import checkpoint_folder, paused_rung
 from sweep.store.samplers import sampler_notes
@@ -45,7 +46,7 @@ class Plan:
     waiting: list[int] = dataclasses.field(default_factory=list)  # WAITING (enqueued): run first
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of `new`: the file's
     # `enqueue` entries still to run, in order (they go first)
-    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # number -> rung (sweep/schedulers/asha.py)
+    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # number -> rung (sweep/schedulers/base.py)
 
     @property
     def code_changed(self) -> bool:
@@ -145,11 +146,9 @@ def text(config: Config, plan: Plan) -> str:
         lines.append(f"  waiting: {numbered('trial', plan.waiting)}, enqueued: {they} first, whatever n_trials says")
     if plan.paused:
         at = ", ".join(f"trial {n} at step {rung}" for n, rung in sorted(plan.paused.items()))
-        s = config.study.scheduler
-        lines.append(f"  paused:  {at} (scheduler pbt: each goes on once its whole population paused at its step, "
-                     "after the exploits there)" if s is not None and s.type == "pbt" else
-                     f"  paused:  {at} (scheduler {s.type if s else 'asha'}: each goes on when it ranks in its rung's "
-                     "top, else ends PRUNED once no trial is left to start)")
+        s = scheduler.of(config)
+        assert s is not None  # only a scheduler pauses trials
+        lines.append(f"  paused:  {at} ({s.plan_note()})")
     if plan.new:
         lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, "
                      f"{_how(config, plan)}")

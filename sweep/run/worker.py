@@ -19,7 +19,7 @@ from sweep.errors import TakenOver
 from sweep.host.signals import StopSignal
 from sweep.run import plan as plan_lib
 from sweep.run.attempts import ClaimedTrial, run_attempts
-from sweep.schedulers import asha
+from sweep.schedulers import base as scheduler
 from sweep.store import enqueue, warm_start
 from sweep.store.record import CHECKPOINT_DIR, METRICS, PBT_PARAMS
 from sweep.store.samplers import grid_points, suggest_all
@@ -43,7 +43,7 @@ TRACKING_DRAIN_S = 10.0  # at the end of a run, what the writers have not sent y
 class Claimed:
     number: int
     adopted: bool
-    promoted: bool = False  # a paused trial going on from its rung (sweep/schedulers/asha.py)
+    promoted: bool = False  # a paused trial going on from its rung (sweep/schedulers/base.py)
 
 
 def run(session: Session, stop: StopSignal) -> None:
@@ -147,8 +147,8 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
         return None
     states = session.trial_states()
     trials = session.trials() if config.study.scheduler is not None else []
-    paused = asha.paused(trials)
-    promoted = asha.promote_next(session, states, trials)  # ASHA's decision before any new trial
+    paused = scheduler.paused(trials)
+    promoted = scheduler.promote_next(session, states, trials)  # the scheduler's decision before any new trial
     if promoted is not None:
         claims.try_take(claims.key(promoted))
         return Claimed(promoted, adopted=False, promoted=True)
@@ -156,7 +156,7 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
     if trial is None:
         if enqueue.counted(states, paused) >= config.study.n_trials:
             if paused and not session.running():  # nothing can make a paused trial promotable now
-                asha.finish_paused(session, trials)
+                scheduler.finish_paused(session, trials)
             return None
         trial = session.ask()
     claims.try_take(claims.key(trial.number))
@@ -217,7 +217,7 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
             session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         elif outcome.state == "PAUSED":
             with claims.ask_lock():  # the decisions of other workers see it running or paused, never between
-                asha.pause(session, claimed.number, outcome.last_step)
+                scheduler.pause(session, claimed.number, outcome.last_step)
             return  # not finished: its checkpoints stay, its claim is released (finally)
         elif outcome.state == "COMPLETE":
             session.study.tell(trial, _told(session, claimed.number, outcome), skip_if_finished=True)

@@ -9,7 +9,7 @@ is a function of the stored study and `train.seed`, recorded before it is applie
 any moment and the same command again make the same decisions:
 
 1. A member reaches an interval step, its checkpoint there is on disk, it pauses (Optuna's
-   WAITING with `paused_at`, as for asha: sweep/schedulers/asha.py).
+   WAITING with `paused_at`, as for asha: sweep/schedulers/base.py).
 2. When every member of the population has paused at that step, the first free worker (under the
    ask lock) ranks them by their value there and records the decision as a study user attribute
    `pbt:<population>:<step>`: for each of the worst floor(quantile * members), the better
@@ -36,45 +36,123 @@ import math
 import os
 import random
 import shutil
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import Field, model_validator
 
 from sweep.checkpoints import integrity
 from sweep.checkpoints.steps import kept_steps
 from sweep.internals import trial_id
+from sweep.schedulers import base
 from sweep.store.record import (DATA_SHAPES_ATTR, LINEAGE, PAUSED_AT, PBT_PARAMS, RUNG_TARGET, eval_attr,
                                 is_warm_start, params_in_force, paused_rung)
 from sweep.store.session import Session
 from sweep.study.config import Config
+from sweep.study.scheduler_keys import MAX_STEP
 
 log = logging.getLogger("sweep")
 # Study user attribute: {recipient: {"donors": [in the order to try], "value": its own value at the step}}.
 DECISION_ATTR = "pbt:{population}:{step}"
 
 
+class Pbt(base.Scheduler):
+    """`scheduler: {type: pbt, population, interval_steps, ...}`: populations of `population` trials
+    that pause every `interval_steps`, where the worst `quantile` copy the state of a better member
+    and perturb its float hyperparameters."""
+
+    population: Annotated[int, Field(ge=2)] | None = None
+    interval_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
+    quantile: Annotated[float, Field(gt=0, le=0.5)] = 0.25  # the worst share copies the best share
+    # An exploited float hyperparameter is multiplied by one of these (Ray Tune's PBT: 0.8, 1.2).
+    perturbation_factors: Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)] = [0.8, 1.2]
+    resample_probability: Annotated[float, Field(ge=0, le=1)] = 0.25  # else perturbed
+
+    first_key = "interval_steps"
+    first_what = "the first interval"
+    pause_word = "step"
+
+    @model_validator(mode="after")
+    def _required(self) -> Pbt:
+        for key in ("population", "interval_steps"):  # not required fields: the message names the type
+            if getattr(self, key) is None:
+                raise ValueError(f"{key}: is required with type {self.type}")
+        return self
+
+    def rungs(self, steps: int) -> list[int]:
+        """Every multiple of interval_steps below `steps`."""
+        return list(range(self.first, steps, self.first))
+
+    def check(self, study: Any) -> None:
+        population, quantile, n_trials = int(self.population), self.quantile, study.n_trials  # type: ignore[arg-type]
+        if population > n_trials:
+            raise ValueError(f"scheduler.population: must be <= n_trials ({n_trials}): the first population "
+                             f"is the first trials, got {population}")
+        if math.floor(population * quantile + 1e-9) < 1:
+            raise ValueError(f"scheduler.quantile: quantile * population must be >= 1 (one member at least copies "
+                             f"another at each interval; population {population}), got {quantile}")
+        last = n_trials % population
+        if last and math.floor(last * quantile + 1e-9) < 1:
+            raise ValueError(f"n_trials: leaves a last population of {last} (population {population}) in which no "
+                             f"member copies another (quantile {quantile}); use a multiple of the population, "
+                             f"got {n_trials}")
+        if study.warm_start is not None:
+            raise ValueError("warm_start: not with scheduler pbt (its observations take the first trial numbers, "
+                             "which make up the populations), got a warm start")
+        if study.checkpoint.remote is not None:
+            raise ValueError("scheduler.type: pbt copies a member's checkpoint into another's folder on this "
+                             "host's disk; it does not run with checkpoint.remote yet, got 'pbt'")
+
+    def pause_at(self, config: Config, trial: FrozenTrial) -> int | None:
+        """A new member pauses at the first interval, one that goes on at the step its promotion
+        recorded (`rung_target`)."""
+        steps = config.study.train.steps
+        target = int(trial.user_attrs.get(RUNG_TARGET, self.first))
+        return target if target < steps else None
+
+    def promote_next(self, session: Session, states: Mapping[int, TrialState],
+                     trials: Sequence[FrozenTrial]) -> int | None:
+        return promote_next(session, states, trials)
+
+    def plan_note(self) -> str:
+        return "scheduler pbt: each goes on once its whole population paused at its step, after the exploits there"
+
+    def status_fields(self, trial: FrozenTrial) -> dict[str, Any]:
+        return {"lineage": trial.user_attrs.get(LINEAGE, []),
+                "params_in_force": params_in_force(trial)}  # the table shows these
+
+    def export_fields(self, trial: FrozenTrial) -> dict[str, Any]:
+        return {LINEAGE: trial.user_attrs.get(LINEAGE, [])}  # its hyperparameters are those in force
+
+
 def active(config: Config) -> bool:
+    """Whether the study's scheduler is pbt."""
+    return isinstance(config.study.scheduler, Pbt)
+
+
+def _scheduler(config: Config) -> Pbt:
     s = config.study.scheduler
-    return s is not None and s.type == "pbt"
+    assert isinstance(s, Pbt), type(s)
+    return s
 
 
 def population_of(config: Config, number: int) -> int:
-    return number // int(config.study.scheduler.population)  # type: ignore[union-attr]
+    return number // int(_scheduler(config).population)  # type: ignore[arg-type]
 
 
 def population_size(config: Config, index: int) -> int:
     """Members of population `index`: `population`, the last one what n_trials leaves (a block
     past n_trials, after n_trials was lowered, counts as whole: it never completes, its paused
     members end PRUNED with the study)."""
-    size = int(config.study.scheduler.population)  # type: ignore[union-attr]
+    size = int(_scheduler(config).population)  # type: ignore[arg-type]
     left = config.study.n_trials - index * size
     return min(size, left) if left > 0 else size
 
 
 def exploited(config: Config, members: int) -> int:
     """How many of `members` copy another at an exploit: floor(quantile * members) (float-safe)."""
-    return math.floor(members * config.study.scheduler.quantile + 1e-9)  # type: ignore[union-attr]
+    return math.floor(members * _scheduler(config).quantile + 1e-9)
 
 
 def decide(config: Config, members: Sequence[FrozenTrial], step: int) -> dict[str, dict[str, Any]]:
@@ -82,8 +160,7 @@ def decide(config: Config, members: Sequence[FrozenTrial], step: int) -> dict[st
     floor(quantile * n) members by their value at `step` (ties: the higher number is worse) copy
     one of the best as many, in a seeded order. Its own value is kept here, before the copy
     replaces it, for its lineage entry (a kill mid-copy must not record the donor's as its own)."""
-    s, sign = config.study.scheduler, config.study.objective.sign
-    assert s is not None
+    sign = config.study.objective.sign
     ranked = sorted(members, key=lambda t: (sign * t.intermediate_values[step], t.number))
     k = exploited(config, len(ranked))
     if k == 0:
@@ -98,8 +175,7 @@ def explore(config: Config, donor: FrozenTrial, recipient: int, step: int) -> di
     """The donor's params in force with each float one (a FloatDistribution) resampled with
     `resample_probability`, else multiplied by one of `perturbation_factors`; clipped to its range
     (and its step). Seeded by (train.seed, recipient, step, donor): the same every run."""
-    s = config.study.scheduler
-    assert s is not None
+    s = _scheduler(config)
     rng = random.Random(f"pbt-explore:{config.study.train.seed}:{recipient}:{step}:{donor.number}")
     params = params_in_force(donor)
     for name, dist in sorted(donor.distributions.items()):
@@ -142,10 +218,8 @@ def promote_next(session: Session, states: Mapping[int, TrialState], trials: Seq
             decision = session.study.user_attrs[key]  # a racing worker's, where it came first
         _apply(session, {t.number: t for t in members}, step, decision)
         number = min(t.number for t in waiting if paused_rung(t) == step)
-        later = [r for r in config.study.scheduler.rungs(config.study.train.steps) if r > step]  # type: ignore
-        to = later[0] if later else config.study.train.steps
-        session.set_trial_attr(number, RUNG_TARGET, to)
-        if session.set_state(number, TrialState.RUNNING):
+        to = _scheduler(config).next_stop(step, config.study.train.steps)
+        if base.promote(session, number, to):
             log.info("trial %d: goes on from step %d to step %d with params %s", number, step, to,
                      params_in_force(session.trial(number)))
             return number

@@ -1,6 +1,7 @@
 """Study file -> validated, frozen config; every rule of the study file lives here.
 
-Imports neither optuna nor jax: validation must be fast and must create nothing.
+Imports neither optuna nor jax: validation must be fast and must create nothing (a `scheduler`
+section imports the module of the scheduler it names, sweep/study/scheduler_keys.py, which may).
 Sampler and pruner keyword arguments are checked against Optuna's classes by
 `sweep.store.samplers.check_config`, which `run` calls right after `load`.
 """
@@ -10,24 +11,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
-import math
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ByteSize, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, ByteSize, ConfigDict, Field, SerializeAsAny, ValidationError, model_validator
 
 from sweep.errors import ConfigError
 from sweep.study import checks as config_checks
-from sweep.study import credentials, space
+from sweep.study import credentials, scheduler_keys, space
 from sweep.study import messages as config_errors
 from sweep.study import objectives as objectives_lib
 from sweep.study import yaml_file as study_yaml
 from sweep.study.constraints import Constraint
 from sweep.study.objectives import Objective
 from sweep.study.params import PARAM_MODELS, Param, Scalar, StrictModel
-from sweep.study.scheduler_keys import Scheduler
+from sweep.study.scheduler_keys import SchedulerKeys
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 # The study file's sampler and pruner names -> the Optuna class each builds (the one list of them).
@@ -199,7 +199,9 @@ class StudyFile(StrictModel):
     objectives: list[Objective] | None = None
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
-    scheduler: Scheduler | None = None  # sweep/schedulers/asha.py, sweep/schedulers/pbt.py; None: every trial trains to the end
+    # The class its `type` names checks it (sweep/study/scheduler_keys.py): an instance of a scheduler of
+    # sweep/schedulers/ (or a user's); None: every trial trains to the end.
+    scheduler: Annotated[SerializeAsAny[SchedulerKeys], BeforeValidator(scheduler_keys.section)] | None = None
     # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
     search_space: dict[str, Param] | None = None
     enqueue: list[dict[str, Scalar]] = []  # params of the first trials, in order (sweep/store/enqueue.py)
@@ -232,31 +234,14 @@ class StudyFile(StrictModel):
         if self.pruner.type != "none":
             raise ValueError(f"pruner.type: must be none with scheduler {s.type} (the scheduler pauses trials and "
                              f"promotes them later; an Optuna pruner would end them for good), got {self.pruner.type!r}")
-        what = "the first interval" if s.type == "pbt" else "the first rung"
-        key = "interval_steps" if s.type == "pbt" else "min_steps"
+        key, what = s.first_key, s.first_what
         if s.first >= self.train.steps:
             raise ValueError(f"scheduler.{key}: must be < train.steps ({self.train.steps}): {what} comes "
                              f"before a trial's last step, got {s.first}")
         if s.first % self.train.eval_every:
             raise ValueError(f"scheduler.{key}: must be a multiple of train.eval_every ({self.train.eval_every}): "
                              f"a trial pauses at an evaluation, got {s.first}")
-        if s.type == "pbt" and s.population is not None and s.population > self.n_trials:
-            raise ValueError(f"scheduler.population: must be <= n_trials ({self.n_trials}): the first population "
-                             f"is the first trials, got {s.population}")
-        if s.type == "pbt" and s.population is not None and math.floor(s.population * s.quantile + 1e-9) < 1:
-            raise ValueError(f"scheduler.quantile: quantile * population must be >= 1 (one member at least copies "
-                             f"another at each interval; population {s.population}), got {s.quantile}")
-        last = self.n_trials % s.population if s.type == "pbt" and s.population else 0
-        if last and math.floor(last * s.quantile + 1e-9) < 1:
-            raise ValueError(f"n_trials: leaves a last population of {last} (population {s.population}) in which no "
-                             f"member copies another (quantile {s.quantile}); use a multiple of the population, "
-                             f"got {self.n_trials}")
-        if s.type == "pbt" and self.warm_start is not None:
-            raise ValueError("warm_start: not with scheduler pbt (its observations take the first trial numbers, "
-                             "which make up the populations), got a warm start")
-        if s.type == "pbt" and self.checkpoint.remote is not None:
-            raise ValueError("scheduler.type: pbt copies a member's checkpoint into another's folder on this "
-                             "host's disk; it does not run with checkpoint.remote yet, got 'pbt'")
+        s.check(self)  # its own rules across the file
         return self
 
     @property
@@ -381,7 +366,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
         study = StudyFile.model_validate(values)
     except ValidationError as exc:
         # A typo'd key also makes its intended key "missing": report the typo, the root cause.
-        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        errors = sorted(config_errors.unwrap(exc.errors()), key=lambda e: e["type"] != "extra_forbidden")
         raise config_errors.translate(origin, errors[0], raw, StudyFile, PARAM_MODELS, NAME_PATTERN) from None
     config_checks.storage(origin, study.storage, raw.get("storage"))
     config_checks.warm_start(origin, study.warm_start)

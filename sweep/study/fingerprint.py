@@ -19,7 +19,6 @@ from typing import Any
 from sweep.errors import ConfigError
 from sweep.study.config import Config
 from sweep.study.credentials import mask_url
-from sweep.study.scheduler_keys import ASHA_KEYS, PBT_KEYS
 from sweep.trial import code as trial_code
 
 STUDY_ATTR = "sweep:study_file"  # study user attribute: meaning() of the file the study started from
@@ -46,10 +45,9 @@ def meaning(config: Config) -> dict[str, Any]:
         out["search_space"] = define_by_run(config)
     out.update({f"search_space.{k}": {n: x for n, x in v.items() if not (n in ("values", "when") and x is None)}
                 for k, v in (study["search_space"] or {}).items()})
-    if study["scheduler"] is not None:  # where trials pause and which go on: what their values mean
-        # The keys of its type only: fingerprints stored before pbt's keys existed stay equal.
-        other = ASHA_KEYS if study["scheduler"]["type"] == "pbt" else PBT_KEYS
-        out.update({f"scheduler.{k}": v for k, v in study["scheduler"].items() if k not in other})
+    if config.study.scheduler is not None:  # where trials pause and which go on: what their values mean
+        # The keys of its type only (its own model's): fingerprints stored before pbt's keys existed stay equal.
+        out.update({f"scheduler.{k}": v for k, v in config.study.scheduler.meaning().items()})
     if study["enqueue"]:  # the first trials' params
         out["enqueue"] = study["enqueue"]
     if study["constraints"]:  # they steer the sampler and decide which trial is best

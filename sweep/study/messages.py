@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel
 
 from sweep.errors import ConfigError
+from sweep.study import scheduler_keys
 
 _TYPE_RULES = {
     "int_type": "must be an integer",
@@ -37,14 +38,15 @@ def translate(file: str, err: Any, raw: Any, root: type[BaseModel], params: Mapp
     kind, value = err["type"], err.get("input", ...)
     if kind == "extra_forbidden":
         allowed = _allowed_keys(tuple(err["loc"]), root, params)
-        if loc[:1] == ["scheduler"] and len(loc) == 2:  # the keys of its type (asha's or pbt's)
-            from sweep.study.scheduler_keys import Scheduler
-            allowed = Scheduler.allowed_keys((_lookup(raw, loc[:1]) or {}).get("type"))
+        if loc[:1] == ["scheduler"] and len(loc) == 2:  # the keys of its type (sweep/study/scheduler_keys.py)
+            allowed = scheduler_keys.allowed_keys((_lookup(raw, loc[:1]) or {}).get("type"))
         hint = difflib.get_close_matches(loc[-1], allowed, n=1)
         rule = f"unknown key (did you mean {hint[0]!r}?)" if hint else f"unknown key (allowed: {', '.join(allowed)})"
         return ConfigError(file, key, rule)
     if kind == "missing":
         return ConfigError(file, key, "is required")
+    if kind == "scheduler_type":  # a name or import path that names no scheduler (its own words)
+        return ConfigError(file, key, err["msg"], value)
     if kind == "union_tag_invalid" or kind == "union_tag_not_found":
         return ConfigError(file, key + ".type", "must be one of float, int, categorical", _lookup(raw, loc + ["type"]))
     if kind == "literal_error":
@@ -64,6 +66,13 @@ def translate(file: str, err: Any, raw: Any, root: type[BaseModel], params: Mapp
         sub, _, rule = message.partition(": ")
         return ConfigError(file, f"{key}.{sub}" if key else sub, rule)
     return ConfigError(file, key, _TYPE_RULES.get(kind, err["msg"].lower()), value)
+
+
+def unwrap(errors: list[Any]) -> list[Any]:
+    """Pydantic's errors of the study file with the `scheduler` section's own (carried as one
+    error, sweep/study/scheduler_keys.py) in its place, located from the file's root."""
+    return [{**inner, "loc": (*err["loc"], *inner["loc"])} if err["type"] == "scheduler_section" else inner
+            for err in errors for inner in (err["ctx"]["errors"] if err["type"] == "scheduler_section" else [err])]
 
 
 def _strip_tags(loc: list[Any]) -> list[str]:
