@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweep.host.signals import StopSignal  # noqa: E402
-from sweep.run import worker as scheduler  # noqa: E402
+from sweep.run import worker  # noqa: E402
 from sweep.store.session import Session  # noqa: E402
 from sweep.study import config as config_lib  # noqa: E402
 
@@ -81,7 +81,7 @@ def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
         session.checkpoints = lambda *args, **kwargs: NoCheckpoints()  # type: ignore[method-assign]
     try:
         t0 = time.perf_counter()
-        scheduler.run(session, StopSignal())
+        worker.run(session, StopSignal())
         elapsed = time.perf_counter() - t0
         return elapsed, [(t.params, t.value, t.intermediate_values) for t in session.trials()]
     finally:

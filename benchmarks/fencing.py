@@ -21,7 +21,7 @@ from pathlib import Path
 import harness
 
 from sweep.host.signals import StopSignal
-from sweep.run import worker as scheduler
+from sweep.run import worker
 from sweep.store import claims as claims_lib
 from sweep.store.session import Session
 
@@ -43,7 +43,7 @@ def trial_seconds(workdir: Path, storage: str | None, fenced: bool, counter: lis
     try:
         session = Session(config)
         start = time.perf_counter()
-        scheduler.run(session, StopSignal())
+        worker.run(session, StopSignal())
         took = time.perf_counter() - start
         session.close()
     finally:

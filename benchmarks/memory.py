@@ -26,7 +26,7 @@ from pathlib import Path
 import harness
 
 from sweep.host.signals import StopSignal
-from sweep.run import worker as scheduler
+from sweep.run import worker
 from sweep.store.session import Session
 from sweep.train.compiled import FUNCTIONS
 
@@ -65,18 +65,18 @@ def main() -> None:
         (root / "memory.yaml").write_text(yaml.safe_dump(raw))
         config = harness.config_lib.load(root / "memory.yaml")
         samples: list[tuple[int, float, int]] = []
-        original = scheduler._run_claimed
+        original = worker._run_claimed
 
         def measured(*a, **kw):
             original(*a, **kw)
             samples.append((len(samples) + 1, rss_mb(), threading.active_count(), len(FUNCTIONS),
                             FUNCTIONS.bytes() / 1e6))
 
-        scheduler._run_claimed = measured
+        worker._run_claimed = measured
         try:
-            scheduler.run(Session(config), StopSignal())
+            worker.run(Session(config), StopSignal())
         finally:
-            scheduler._run_claimed = original
+            worker._run_claimed = original
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for n, rss, threads, programs, measured in samples:

@@ -1,7 +1,7 @@
 """Target 4: a sweep study of 30 one-step trials vs a hand-written Optuna ask/tell loop doing the same work.
 
 Both sides, in this process, alternating, each round in fresh workdirs with fresh SQLite storage:
-- "sweep": `scheduler.run` on the example trial with 30 trials of 1 step (random sampler over the
+- "sweep": `worker.run` on the example trial with 30 trials of 1 step (random sampler over the
   learning rate, equal shapes), evaluation and a save at that step (keep 1).
 - "hand": `study.ask()`, `suggest_float`, init, one jitted training step (compiled once, the
   learning rate traced), evaluation, `trial.report`, one Orbax `CheckpointManager` save of the
@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 import yaml
 
 from sweep.host.signals import StopSignal
-from sweep.run import worker as scheduler
+from sweep.run import worker
 from sweep.store.session import Session
 
 SPACE = {"learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}}
@@ -54,7 +54,7 @@ def main() -> None:
 
     def sweep_side(r: int) -> float:
         config = config_in(root / f"sweep{next(counter)}")
-        return harness.timed(lambda: scheduler.run(Session(config), StopSignal()))
+        return harness.timed(lambda: worker.run(Session(config), StopSignal()))
 
     module = harness.example(root).trial_module
     hp = {**module.HYPERPARAMETERS, "batch_size": 64, "hidden": 112, "optimizer": "adam"}

@@ -29,7 +29,7 @@ from sweep.checkpoints.remote import RemoteTier
 from sweep.checkpoints.s3 import S3Tier
 from sweep.errors import Interrupted
 from sweep.host.signals import StopSignal
-from sweep.run import worker as scheduler
+from sweep.run import worker
 from sweep.store import claims
 from sweep.store.session import Session
 from sweep.study import config as config_lib
@@ -355,7 +355,7 @@ def postgres_url() -> Any:
         admin.dispose()
 
 
-# --- The in-process tiny study: the fast tier's trial, run by `scheduler.run` in this process ---
+# --- The in-process tiny study: the fast tier's trial, run by `worker.run` in this process ---
 
 # The trial module is imported once per process (module cache): a name no other test file uses.
 # tests/trials/linear.py with MARKERS: marker files in the current directory steer its evaluation,
@@ -417,12 +417,12 @@ def watch_steps(session: Session | StudySession, watch: Callable[[int, int], Non
 
 def run(study: dict[str, Any], stop: StopSignal | None = None,
         on_step: Callable[[int, int], None] | None = None) -> None:
-    """`scheduler.run` of the study in this process; `on_step(number, step)` also sees every window."""
+    """`worker.run` of the study in this process; `on_step(number, step)` also sees every window."""
     session = Session(config_lib.from_dict(study))
     if on_step is not None:
         watch_steps(session, on_step)
     try:
-        scheduler.run(session, stop or StopSignal())
+        worker.run(session, stop or StopSignal())
     finally:
         session.close()
 

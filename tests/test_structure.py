@@ -196,6 +196,16 @@ def test_no_module_is_over_400_lines():
     assert not long, f"split these along their jobs: {long}"
 
 
+def test_every_module_says_its_one_job_in_its_docstring():
+    """A module is split by job, not to meet the line cap: its docstring's first sentence names the job (and a
+    test folder mirrors each family: tests/<family>/ for sweep/<family>/)."""
+    silent = [str(p.relative_to(SWEEP)) for p in SWEEP.rglob("*.py")
+              if len((ast.get_docstring(ast.parse(p.read_text())) or "").split()) < 5]
+    assert not silent, f"say what these modules are for: {silent}"
+    tests = Path(__file__).resolve().parent
+    assert {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))} == set(FAMILIES)
+
+
 def test_no_message_hedges_its_plural_with_s_in_parentheses():
     """What sweep prints counts in words ('1 trial', '2 trials': sweep/words.py), never 'trial(s)'."""
     hedged = []

@@ -137,7 +137,7 @@ def _worker(source: Source, quiet: bool, verbose: bool, cpus: list[int] | None =
     from sweep.host import slots
     from sweep.host.signals import StopSignal
     from sweep.run import logs
-    from sweep.run import worker as scheduler
+    from sweep.run import worker
     from sweep.store.session import Session
     from sweep.study import config as config_lib
 
@@ -156,7 +156,7 @@ def _worker(source: Source, quiet: bool, verbose: bool, cpus: list[int] | None =
     _BUSY.set()
     session = Session(config)
     try:
-        scheduler.run(session, stop)
+        worker.run(session, stop)
     except Interrupted as exc:
         if os.getppid() != _WATCHING[0]:  # orphaned: checkpointed; nobody to report to
             os._exit(exc.exit_code)
@@ -174,7 +174,7 @@ def _dask_worker(source: Source, quiet: bool, verbose: bool, stop_event: str) ->
     from sweep.host import slots
     from sweep.host.signals import StopSignal
     from sweep.run import logs
-    from sweep.run import worker as scheduler
+    from sweep.run import worker
     from sweep.store.session import Session
     from sweep.study import config as config_lib
 
@@ -198,7 +198,7 @@ def _dask_worker(source: Source, quiet: bool, verbose: bool, stop_event: str) ->
     threading.Thread(target=watch, name="sweep-dask-stop", daemon=True).start()
     session = Session(config)
     try:
-        scheduler.run(session, stop)
+        worker.run(session, stop)
     except Interrupted:
         pass  # checkpointed; the parent, which forwarded the signal, exits with its code
     finally:
@@ -256,7 +256,7 @@ def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = F
     `client`: a `dask_client(config)`, where parallel.backend is dask.
     `slots`: each worker's devices (sweep/host/slots.py), worker 0 (this process, already assigned) first.
     """
-    from sweep.run import worker as scheduler
+    from sweep.run import worker
 
     config = session.config
     if config.study.parallel.backend == "dask":
@@ -264,7 +264,7 @@ def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = F
         session.open(create=True)
         return
     if n_jobs == 1:
-        scheduler.run(session, stop)
+        worker.run(session, stop)
         return
     # This process is worker 0 (its imports are done, a fresh process would spend seconds on them);
     # joblib's loky backend runs workers 1..n_jobs-1. Each runs on its share of the cores.
@@ -273,7 +273,7 @@ def run_workers(session: Session, n_jobs: int, stop: StopSignal, quiet: bool = F
     cpus = os.sched_getaffinity(0)
     _pin(shares[0])
     try:
-        scheduler.run(session, stop)
+        worker.run(session, stop)
     except BaseException:
         helpers.stop()  # a signal or an error here: the helpers checkpoint and stop too
         helpers.join()

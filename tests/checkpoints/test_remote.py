@@ -209,7 +209,7 @@ def test_a_host_s_stale_copy_of_a_trial_another_host_finished_goes_as_its_run_en
     from conftest import run_interrupted, write_trial
     from sweep.checkpoints import retention
     from sweep.commands import export
-    from sweep.run import worker as scheduler
+    from sweep.run import worker
     from sweep.store.session import Session
 
     write_trial(tmp_path)
@@ -224,7 +224,7 @@ def test_a_host_s_stale_copy_of_a_trial_another_host_finished_goes_as_its_run_en
     run_interrupted(a, number=0, step=20)
     assert saved_steps(checkpoint_dir(a, 0))  # host a's copy of trial 0, interrupted
 
-    real_next = scheduler._next_trial
+    real_next = worker._next_trial
     b_ran = []
 
     def next_trial(session: Session, deadline: float) -> Any:  # host b runs the study while host a's run is under way
@@ -233,7 +233,7 @@ def test_a_host_s_stale_copy_of_a_trial_another_host_finished_goes_as_its_run_en
             run(b)
         return real_next(session, deadline)
 
-    monkeypatch.setattr(scheduler, "_next_trial", next_trial)
+    monkeypatch.setattr(worker, "_next_trial", next_trial)
     run(a)  # its start's pass sees trial 0 RUNNING; host b finishes it meanwhile
     assert b_ran
     done = optuna.load_study(study_name="sched", storage=storage).get_trials()

@@ -1,4 +1,4 @@
-"""What the commands print, in-process (`sweep.__main__.main`) on the tiny trial of test_scheduler:
+"""What the commands print, in-process (`sweep.__main__.main`) on conftest's tiny study:
 sentences with singular and plural right, and warnings where a command finds something off."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from sweep.checkpoints import integrity
 from sweep.commands import continuation
 from sweep.errors import StudyNotFound, UsageError
 from sweep.host.signals import StopSignal
-from sweep.run import worker as scheduler
+from sweep.run import worker
 from sweep.study import config as config_lib
 
 
@@ -30,10 +30,10 @@ def continued(study: dict[str, Any], steps: int, top: int | None = None, numbers
     try:
         api.StudySession(session)._check_before_run()  # what run() checks first
         if kill_at is None:
-            scheduler.run(session, StopSignal())
+            worker.run(session, StopSignal())
         else:
             with pytest.raises(Killed):
-                scheduler.run(session, StopSignal())
+                worker.run(session, StopSignal())
     finally:
         session.close()
 

@@ -1,6 +1,6 @@
 """A tiny linear regression (4 weights and a bias, 64 rows): a trial step takes microseconds, so a
 study of it takes seconds. The trial of the in-process tests: test_api.py (which other files derive
-their variants from, as test_api.TRIAL_SOURCE) and test_scheduler.py (with MARKERS on and
+their variants from, as test_api.TRIAL_SOURCE) and conftest.make_study (with MARKERS on and
 METRICS ("val_loss",)), each written under a name of its own beside the study.
 
 MARKERS: files in the current directory steer evaluation: `fault` makes the next one raise (and is

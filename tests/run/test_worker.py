@@ -1,6 +1,6 @@
 """The scheduler's decisions, in-process: skip finished trials, ask the missing ones, resume, adopt, retry, fail, time out.
 
-The fast tier: a tiny linear-regression trial (40 steps) run by `scheduler.run` in this process;
+The fast tier: a tiny linear-regression trial (40 steps) run by `worker.run` in this process;
 interruptions set the `StopSignal` flag from the progress callback instead of sending a signal,
 and a dead worker is a forged row in `sweep_claims`. Real processes and real kills are in the
 slow tier (test_resume.py, test_workers.py).
