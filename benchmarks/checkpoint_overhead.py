@@ -14,14 +14,17 @@ Both sides compute bit-identical trials (checked). Two comparisons:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import tempfile
 import time
+from unittest import mock
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sweep.checkpoints.study_checkpoints import StudyCheckpoints  # noqa: E402
 from sweep.host.signals import StopSignal  # noqa: E402
 from sweep.run import worker  # noqa: E402
 from sweep.store.session import Session  # noqa: E402
@@ -77,12 +80,15 @@ def run_study(args, side: str, tmp: Path, index: int) -> tuple[float, list]:
                  "max_write_share": args.max_write_share} if side == "on" else {"every_steps": None, "every_seconds": 1e9}
         config.study = config.study.model_copy(update={"checkpoint": config.study.checkpoint.model_copy(update=every)})
     session = Session(config)
-    if side == "off" and args.compare == "nothing":
-        session.checkpoints = lambda *args, **kwargs: NoCheckpoints()  # type: ignore[method-assign]
+    # The "nothing" side: every trial's folder is a stand-in that saves nothing (the study's folders
+    # are made by StudyCheckpoints.trial, sweep/checkpoints/study_checkpoints.py).
+    no_saves = side == "off" and args.compare == "nothing"
     try:
-        t0 = time.perf_counter()
-        worker.run(session, StopSignal())
-        elapsed = time.perf_counter() - t0
+        with mock.patch.object(StudyCheckpoints, "trial", lambda *a, **k: NoCheckpoints()) if no_saves \
+                else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            worker.run(session, StopSignal())
+            elapsed = time.perf_counter() - t0
         return elapsed, [(t.params, t.value, t.intermediate_values) for t in session.trials()]
     finally:
         session.close()

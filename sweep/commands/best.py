@@ -67,7 +67,7 @@ def best_state(config: Config, trial: FrozenTrial, removed: str | None = None,
         with tempfile.TemporaryDirectory(prefix="sweep-remote-") as tmp:
             local = Path(tmp) / Path(directory).name
             local.mkdir()
-            if not remote.tier.verify(local.name, step):
+            if step not in remote.steps(local.name):  # a fault reading the tier is raised, not taken for absence
                 raise SweepError(f"trial {trial.number}: its best step {step} is neither in {directory} nor in "
                                  f"{remote.url}")
             remote.tier.fetch(local.name, step, local)

@@ -146,9 +146,9 @@ def text(config: Config, plan: Plan) -> str:
         lines.append(f"  waiting: {numbered('trial', plan.waiting)}, enqueued: {they} first, whatever n_trials says")
     if plan.paused:
         at = ", ".join(f"trial {n} at step {rung}" for n, rung in sorted(plan.paused.items()))
-        s = scheduler.of(config)
-        assert s is not None  # only a scheduler pauses trials
-        lines.append(f"  paused:  {at} ({s.plan_note()})")
+        s = scheduler.of(config)  # None: a study file edited to drop the scheduler that paused them
+        note = s.plan_note() if s is not None else "by a scheduler the study file no longer names"
+        lines.append(f"  paused:  {at} ({note})")
     if plan.new:
         lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, "
                      f"{_how(config, plan)}")

@@ -11,6 +11,7 @@ declares; `config.study.scheduler` is an instance of it.
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 import re
 from typing import Any, ClassVar
@@ -82,7 +83,8 @@ def resolve(name: object) -> type[SchedulerKeys]:
         raise ValueError("must be a scheduler name or an import path like package.module:ClassName")
     module_name, _, class_name = path.partition(":")
     try:
-        module = import_trial(module_name)
+        # A built-in one is sweep's own module; a user's is found as a trial module is.
+        module = importlib.import_module(module_name) if name in REGISTRY else import_trial(module_name)
     except ModuleNotFoundError as exc:
         raise ValueError(f"cannot import module ({exc}); is it on the current directory or PYTHONPATH?") from None
     except Exception as exc:  # the user's module raised while importing

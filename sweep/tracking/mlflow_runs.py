@@ -37,8 +37,8 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 logging.getLogger("urllib3.connectionpool").addFilter(QuietOnTrackingThread())
 log = logging.getLogger("sweep")
-STUDY_TAG, NUMBER_TAG, STATE_TAG, BEST_STEP_TAG = "sweep.study", "sweep.number", "sweep.train.state", "sweep.best_step"
-EXPORT_TAG = "sweep.commands.export"  # the best step whose export is the run's `export/` artifact
+STUDY_TAG, NUMBER_TAG, STATE_TAG, BEST_STEP_TAG = "sweep.study", "sweep.number", "sweep.state", "sweep.best_step"
+EXPORT_TAG = "sweep.export"  # the best step whose export is the run's `export/` artifact
 ROLE_TAG = "sweep.role"  # "study" on the parent run, "trial" on each trial's run
 PARENT_TAG, NAME_TAG = "mlflow.parentRunId", "mlflow.runName"  # MLflow's own: nesting and the shown name
 _TERMINAL = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED", "INTERRUPTED": "KILLED"}

@@ -54,7 +54,7 @@ def test_window_all_reduces_gradients_over_four_devices():
     # gradients, and replicated outputs (checked on XLA's compiled program).
     code = textwrap.dedent("""
         import jax, numpy as np
-        from sweep import compiled
+        from sweep.train import compiled
         from trials import digits_mlp as m
         hp = dict(m.HYPERPARAMETERS, batch_size=32)
         data = jax.device_put(m.data(hp), compiled.replicated(4))

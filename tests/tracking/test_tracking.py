@@ -180,14 +180,14 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
         assert t.user_attrs.get(MLFLOW_RUN_ID, trial_run) == trial_run  # recorded where the trial was running still
         got = client.get_run(trial_run)
         assert got.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
-        assert got.data.tags["sweep.train.state"] == "COMPLETE" and got.info.status == "FINISHED"
+        assert got.data.tags["sweep.state"] == "COMPLETE" and got.info.status == "FINISHED"
         assert got.data.tags["sweep.best_step"] == str(t.user_attrs["best_step"])
         assert got.data.params["learning_rate"] == str(t.params["learning_rate"])
         for tag in TAGS:  # each step once, the stored values exactly (MLflow keeps float64)
             logged = sorted((m.step, m.value) for m in client.get_metric_history(trial_run, tag))
             assert logged == [(s, m[tag]) for s, m in stored[t.number].items()], (t.number, tag)
         # The best checkpoint's export is the run's artifact, as `sweep export` writes it.
-        assert got.data.tags["sweep.commands.export"] == str(t.user_attrs["best_step"])
+        assert got.data.tags["sweep.export"] == str(t.user_attrs["best_step"])
         folder = f"export/trial_{t.number:04d}"
         files = {a.path for a in client.list_artifacts(trial_run, folder)}
         assert {f"{folder}/meta.json", f"{folder}/params.safetensors"} <= files
