@@ -40,7 +40,7 @@ def open_remote(session: Session) -> RemoteTier | None:
     """
     if session.config.study.checkpoint.remote is None:
         return None
-    root = session.storage.get_study_user_attrs(session.study_id).get(REMOTE_ROOT_ATTR, session.config.name)
+    root = session.study_attrs().get(REMOTE_ROOT_ATTR, session.config.name)
     tier = open_tier(session.config, root)
     return RemoteTier(tier) if tier is not None else None
 

@@ -98,7 +98,7 @@ def study_bytes(session: Session) -> int:
 
 def removed(session: Session) -> dict[int, str]:
     """number -> why its checkpoints were removed, for every trial whose were."""
-    attrs = session.storage.get_study_user_attrs(session.study_id)
+    attrs = session.study_attrs()
     return {int(k[len(REMOVED_ATTR):]): v for k, v in attrs.items() if k.startswith(REMOVED_ATTR) and v}
 
 

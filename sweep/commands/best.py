@@ -105,12 +105,12 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
 
     None when no trial is complete or the trial module has no `test` function.
     """
-    config, study = session.config, session.study
+    config = session.config
     best = session.best_trial()
     if best is None or not callable(getattr(config.trial_module, "test", None)):
         return None
     step, _ = best_step(best, config.study.objective.direction)
-    cached = study.user_attrs.get(TEST_ATTR)
+    cached = session.study_attrs().get(TEST_ATTR)
     if cached and cached.get("trial") == best.number and cached.get("step") == step:
         return cached
     from sweep.train.state import run_hyperparameters
@@ -123,7 +123,7 @@ def best_test_metrics(session: Session) -> dict[str, Any] | None:
                                                            trial_data(config.trial_module, hp,
                                                                       config.study.data_timeout_seconds))
     result = {"trial": best.number, "step": restored.step, "metrics": {k: float(v) for k, v in metrics.items()}}
-    study.set_user_attr(TEST_ATTR, result)
+    session.set_study_attr(TEST_ATTR, result)
     return result
 
 

@@ -214,15 +214,15 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
                                                      resumed=claimed.adopted), stop, tracker)
         fence()  # before the tell
         if outcome is None:
-            session.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            session.tell(trial, state=TrialState.FAIL)
         elif outcome.state == "PAUSED":
             with claims.ask_lock():  # the decisions of other workers see it running or paused, never between
                 scheduler.pause(session, claimed.number, outcome.last_step)
             return  # not finished: its checkpoints stay, its claim is released (finally)
         elif outcome.state == "COMPLETE":
-            session.study.tell(trial, _told(session, claimed.number, outcome), skip_if_finished=True)
+            session.tell(trial, _told(session, claimed.number, outcome))
         else:
-            session.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            session.tell(trial, state=TrialState.PRUNED)
         session.finished_by_this_process(claimed.number)
         if outcome is not None:
             log.info("trial %d: %s, %s=%r at step %d (best), %d steps", claimed.number, outcome.state.lower(),

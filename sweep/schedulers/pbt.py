@@ -44,7 +44,6 @@ from pydantic import Field, model_validator
 
 from sweep.checkpoints import integrity
 from sweep.checkpoints.steps import kept_steps
-from sweep.internals import trial_id
 from sweep.schedulers import base
 from sweep.store.record import (DATA_SHAPES_ATTR, LINEAGE, PAUSED_AT, PBT_PARAMS, RUNG_TARGET, eval_attr,
                                 is_warm_start, params_in_force, paused_rung)
@@ -207,7 +206,7 @@ def promote_next(session: Session, states: Mapping[int, TrialState], trials: Seq
             continue
         step = min(int(paused_rung(t)) for t in waiting)  # type: ignore[arg-type]
         key = DECISION_ATTR.format(population=index, step=step)
-        decision = session.study.user_attrs.get(key)
+        decision = session.study_attrs().get(key)
         # Decided only once every member waits at the step: not one RUNNING there (adopted after
         # a kill between its pause's two writes, restoring the step a copy would replace).
         if decision is None and not all(paused_rung(t) == step for t in members):
@@ -215,7 +214,7 @@ def promote_next(session: Session, states: Mapping[int, TrialState], trials: Seq
         if decision is None:  # recorded before anything is applied: a kill re-applies the same
             decision = decide(config, members, step)
             session.set_study_attr(key, decision)
-            decision = session.study.user_attrs[key]  # a racing worker's, where it came first
+            decision = session.study_attrs()[key]  # a racing worker's, where it came first
         _apply(session, {t.number: t for t in members}, step, decision)
         number = min(t.number for t in waiting if paused_rung(t) == step)
         to = _scheduler(config).next_stop(step, config.study.train.steps)
@@ -253,7 +252,7 @@ def _apply(session: Session, members: Mapping[int, FrozenTrial], step: int,
             new = explore(config, donor, recipient.number, step)
             _copy(config, donor.number, recipient.number, step, digest)
             value = donor.intermediate_values[step]
-            session.storage.set_trial_intermediate_value(trial_id(recipient), step, value)
+            session.set_intermediate(recipient.number, step, value)
             if eval_attr(step) in donor.user_attrs:
                 session.set_trial_attr(recipient.number, eval_attr(step), donor.user_attrs[eval_attr(step)])
             session.set_trial_attr(recipient.number, PBT_PARAMS, new)

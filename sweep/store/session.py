@@ -277,6 +277,19 @@ class Session:
 
             self.set_study_attr(REMOTE_ROOT_ATTR, f"{self.config.name}-{uuid.uuid4().hex[:12]}")
 
+    def study_attrs(self) -> dict[str, Any]:
+        """The study's user attributes, read now from the storage."""
+        return self.storage.get_study_user_attrs(self.study_id)
+
+    def set_intermediate(self, number: int, step: int, value: float) -> None:
+        """Trial `number`'s reported value at `step` (a PBT recipient's copy of its donor's value there)."""
+        self.storage.set_trial_intermediate_value(self._trial_id(number), step, value)
+
+    def tell(self, trial: optuna.Trial, values: Sequence[float] | None = None,
+             state: TrialState | None = None) -> None:
+        """Finish the trial (Optuna's tell) once: a trial another worker finished stays as it is."""
+        self.study.tell(trial, values, state=state, skip_if_finished=True)
+
     def set_study_attr(self, key: str, value: Any) -> None:
         """Set a study user attribute that several workers may set at once: Optuna inserts the row
         when it finds none, so a racing worker's insert fails on the unique key; theirs stands."""
