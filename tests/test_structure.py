@@ -112,6 +112,21 @@ def test_no_family_imports_a_family_above_it():
 UPWARD_TODO: set[str] = set()
 
 
+def test_the_registries_name_classes_of_their_own_family_only():
+    """The two registries name their classes by import path (the plugin point: the study family finds a
+    scheduler without importing the family above it), which the import scan cannot see: each entry is a
+    class of the family it registers, and it imports."""
+    import importlib
+
+    from sweep.checkpoints import tiers
+    from sweep.study import scheduler_keys
+
+    for registry, family in ((scheduler_keys.REGISTRY, "sweep.schedulers."), (tiers.BUILT_IN, "sweep.checkpoints.")):
+        for name, path in registry.items():
+            module, _, cls = path.partition(":")
+            assert module.startswith(family) and isinstance(getattr(importlib.import_module(module), cls), type), name
+
+
 def test_the_layering_check_finds_an_import_upwards():
     graph = {"store.session": {"checkpoints.folder", "study.config", "errors"}, "host.slots": {"words"},
              "commands.status": {"store.record"}, "run.worker": {"commands.export"}}
