@@ -30,7 +30,8 @@ every fault is undone, dead hosts are restarted, and all must exit 0. Then the i
 
 The report (JSON) lists the faults injected and the invariants; the seed reproduces a schedule.
 The faults that need root (disk, pg) are left out where this does not run as root.
-tests/test_chaos.py runs its short form.
+tests/run/test_chaos.py runs its short deterministic form (`campaign(..., scenario=True)`): each
+kind once, each injected when a host has committed a new step since the previous fault.
 """
 
 from __future__ import annotations
@@ -285,9 +286,13 @@ def _fill(folder: Path) -> Path:
 
 def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int, steps: int,
              storage: str | None = None, kinds: tuple[str, ...] = KINDS, say: Any = print,
-             beside: bool = False) -> dict[str, Any]:
+             beside: bool = False, scenario: bool = False) -> dict[str, Any]:
     """Run one campaign under `root`; its report (see the module's docstring). `beside`: the
-    reference trains while the campaign runs (a long campaign: its reference is as long)."""
+    reference trains while the campaign runs (a long campaign: its reference is as long).
+    `scenario`: the short deterministic form (tests/run/test_chaos.py): each kind once, in the order
+    of `kinds`, each as soon as a host has committed a step it had not before the previous fault
+    (an event, not a time: the same faults land in the same phase of the study, loaded or not);
+    `minutes` is then only a deadline."""
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -350,7 +355,9 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
         deadline = start + minutes * 60
         next_fault = start + rng.uniform(4, 8)
         finished = False
-        while time.monotonic() < deadline and not finished:
+        queue = list(active) if scenario else schedule
+        seen_steps = _committed(hosts, name)
+        while time.monotonic() < deadline and not finished and not (scenario and not queue and not undo):
             now = time.monotonic()
             for when, what, target in [u for u in undo if u[0] <= now]:
                 undo.remove((when, what, target))
@@ -361,7 +368,19 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
                     finished = True  # a run exits 0 once the study has n_trials finished
                 elif code is not None and not host.frozen:
                     host.start()
-            if now >= next_fault:
+            if scenario:
+                steps_now = _committed(hosts, name)
+                fault = None
+                if queue and steps_now - seen_steps:  # a new committed step since the previous fault
+                    fault = _inject_kind(queue[0], rng, hosts, proxy, storage, name, undo, now)
+                    if fault:  # (a kind with no target now, damage before a step it can reach, waits)
+                        queue.pop(0)
+                        seen_steps = steps_now
+                if fault:
+                    fault["t"] = round(now - start, 1)
+                    report["faults"].append(fault)
+                    say(f"{fault['t']:7.1f}s {fault['kind']}: {fault.get('target', '')}")
+            elif now >= next_fault:
                 fault = _inject(rng, schedule, hosts, proxy, storage, name, undo, now)
                 if fault:
                     fault["t"] = round(now - start, 1)
@@ -482,6 +501,12 @@ def _undo(what: str, target: Any, proxy: Proxy) -> None:
         proxy.start()
     elif what == "grow":
         target.unlink(missing_ok=True)
+
+
+def _committed(hosts: list[Host], name: str) -> set[tuple[int, str, str]]:
+    """(host, trial folder, step) of every step committed on the hosts' disks now."""
+    return {(h.index, step.parent.name, step.name) for h in hosts
+            for step in (h.folder / "runs" / name / "checkpoints").glob("trial_*/*") if step.name.isdigit()}
 
 
 _SAMPLED = [0.0]

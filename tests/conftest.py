@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import pickle
 import random
 import re
 import signal
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -54,6 +56,26 @@ def _postgres_turns(request: pytest.FixtureRequest) -> Any:
     with open(_POSTGRES_TURNS, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """The seed of a test's random moments (when to kill, which step to damage): SWEEP_TEST_SEED if
+    set (tests/stress.sh sets a new one each round), else a number fixed by the test's id. A failed
+    test's report says it, with the command that replays it (pytest_runtest_makereport below)."""
+    value = int(os.environ.get("SWEEP_TEST_SEED") or zlib.crc32(request.node.nodeid.encode()) % 1_000_000)
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    seeded = dict(item.user_properties).get("seed")
+    if report.failed and seeded is not None:
+        report.sections.append(("random moments", f"seeded with {seeded}: replay with "
+                                                  f"SWEEP_TEST_SEED={seeded} .venv/bin/python -m pytest '{item.nodeid}'"))
+    return report
 
 
 BASE_STUDY: dict[str, Any] = {
@@ -123,13 +145,25 @@ def write_study(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+# One persistent compilation cache for the CLI processes of the whole test run (both of the suite's
+# processes): a program compiles once, not again in every test's fresh workdir (BASE_STUDY's run:
+# 13 s with an empty cache, 7 s with a warm one, here). Processes use it at once, as a study's
+# workers do; sweep turns on JAX's file lock around its reads and writes (sweep/train/
+# compile_events.py: without it a reader could meet half an entry). A test that counts compilations
+# or needs a compile to take its time names its own folder in SWEEP_COMPILATION_CACHE.
+_SHARED_CACHE: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _SHARED_CACHE[:] = [tmp_path_factory.getbasetemp().parent / "jax_cache"]  # popen-gw0/.. is the run's
+
+
 def cli_env() -> dict[str, str]:
-    # Each test's processes keep their study's own JAX compilation cache. A cache shared by the
-    # whole session halved the suite's CPU time but JAX writes cache entries without a lock
-    # (jax/_src/lru_cache.py, no eviction configured): tests running many processes at once
-    # failed in a full run. Not again until that is solved.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if _SHARED_CACHE and "SWEEP_COMPILATION_CACHE" not in env:
+        env["SWEEP_COMPILATION_CACHE"] = str(_SHARED_CACHE[0])
     return env
 
 
@@ -314,20 +348,33 @@ def snapshot(study: Path | dict[str, Any]) -> list[tuple[Any, ...]]:
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[tuple[Any, ...]]]:
-    """reference(**overrides) -> snapshot of an uninterrupted run of BASE_STUDY + overrides (cached)."""
+    """reference(**overrides) -> snapshot of an uninterrupted run of BASE_STUDY + overrides, made once
+    for the whole test run: the suite's processes (-n 2) share each snapshot through a file in the
+    run's common temp folder, the first to need it making it under a file lock."""
     cache: dict[str, list[tuple[Any, ...]]] = {}
+    shared = tmp_path_factory.getbasetemp().parent / "references"  # popen-gw0/.. is the run's, under xdist
+    shared.mkdir(exist_ok=True)
 
     def get(**override: Any) -> list[tuple[Any, ...]]:
         key = repr(sorted(override.items()))
         if key not in cache:
-            d = tmp_path_factory.mktemp("reference")
-            data = merge(BASE_STUDY, override)
-            data["workdir"] = str(d / "runs")
-            path = d / "study.yaml"
-            path.write_text(yaml.safe_dump(data, sort_keys=False))
-            result = run_cli("run", path, cwd=d)
-            assert result.returncode == 0, result.stderr
-            cache[key] = snapshot(path)
+            stored = shared / f"{zlib.crc32(key.encode()):08x}.pickle"
+            with open(stored.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if stored.exists():
+                    found_key, cache[key] = pickle.loads(stored.read_bytes())
+                    assert found_key == key, (found_key, key)
+                else:
+                    d = tmp_path_factory.mktemp("reference")
+                    data = merge(BASE_STUDY, override)
+                    data["workdir"] = str(d / "runs")
+                    path = d / "study.yaml"
+                    path.write_text(yaml.safe_dump(data, sort_keys=False))
+                    result = run_cli("run", path, cwd=d)
+                    assert result.returncode == 0, result.stderr
+                    cache[key] = snapshot(path)
+                    stored.with_suffix(".tmp").write_bytes(pickle.dumps((key, cache[key])))
+                    os.replace(stored.with_suffix(".tmp"), stored)
         return cache[key]
 
     return get
@@ -493,7 +540,8 @@ def _jax_cache_config_restored() -> Iterator[None]:
     from jax.experimental.compilation_cache import compilation_cache
 
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches")
+             "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches",
+             "jax_compilation_cache_max_size")
     before = {name: getattr(jax.config, name) for name in names}
     yield
     compilation_cache.reset_cache()

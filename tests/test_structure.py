@@ -446,3 +446,43 @@ def test_no_parameter_that_receives_a_session_is_typed_any():
 def test_the_any_session_check_finds_one():
     source = "def f(session: Any, other_session, x: Any, session2: Session) -> None: ...\ndef g(session: Session): ...\n"
     assert _any_sessions(source) == ["1: f(session: Any)", "1: f(other_session: )"]
+
+
+def _sleeps_then_asserts(source: str) -> list[int]:
+    """Lines of `time.sleep(...)`/`sleep(...)` statements that an `assert` follows in the same block
+    with no loop between: a test that sleeps and then asserts on state bets that the wait was long
+    enough. A sleep in a polling loop (the loop goes round again) or before a wait is fine, and so is
+    a random moment drawn from a seeded generator named `rng` (reported with its seed on failure)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        for body in (getattr(node, field, None) for field in ("body", "orelse", "finalbody", "handlers")):
+            if not isinstance(body, list):
+                continue
+            for i, stmt in enumerate(body):
+                call = stmt.value if isinstance(stmt, ast.Expr) else None
+                if not (isinstance(call, ast.Call) and ast.unparse(call.func) in {"time.sleep", "sleep"}):
+                    continue
+                if "rng." in ast.unparse(call):
+                    continue
+                for after in body[i + 1:]:
+                    if isinstance(after, (ast.While, ast.For, ast.With)):
+                        break
+                    if isinstance(after, ast.Assert):
+                        found.append(stmt.lineno)
+                        break
+    return found
+
+
+def test_no_test_sleeps_and_then_asserts_on_state():
+    """Tests wait for an event they can observe (a log line, a state in the storage, a file), with
+    a generous deadline; never sleep a while and then assert (issue 39: the load-dependent failures)."""
+    tests = Path(__file__).resolve().parent
+    found = [f"{path.relative_to(tests)}:{line}" for path in sorted(tests.rglob("*.py"))
+             for line in _sleeps_then_asserts(path.read_text())]
+    assert not found, f"a sleep then an assert (wait for an event instead): {found}"
+
+
+def test_the_sleep_then_assert_check_finds_one():
+    slept = "def test_x(proc):\n    time.sleep(0.3)\n    proc.signal(15)\n    assert proc.finish() == 143\n"
+    polled = "def test_y(proc):\n    while not proc.done():\n        time.sleep(0.01)\n    assert proc.code == 0\n"
+    assert _sleeps_then_asserts(slept) == [2] and _sleeps_then_asserts(polled) == []

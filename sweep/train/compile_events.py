@@ -20,6 +20,7 @@ COMPILES: collections.Counter[str] = collections.Counter()
 _LISTENING = threading.Event()
 _LISTEN_LOCK = threading.Lock()
 _HIT = threading.local()  # a cache hit seen by this thread, not yet attributed to a function
+CACHE_MAX_BYTES = 8 * 2**30  # the persistent compilation cache's size, past which the oldest-used entries go
 
 
 def count_compilations() -> None:
@@ -81,3 +82,9 @@ def use_compilation_cache(directory: Path) -> None:
     # JAX otherwise puts XLA's GPU autotune-cache folder (under the cache dir) into the compile
     # options, so every key depends on the workdir's path: a copied or shared cache never hit.
     jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+    # The workers of a study, and the studies that name one $SWEEP_COMPILATION_CACHE, read and write
+    # the folder at once. Without a size limit JAX writes an entry in place with no lock, and a
+    # reader can meet half of it (a warning, and a compile again); with one, JAX takes its file
+    # lock around every read and write and evicts the least recently used entries past the limit
+    # (jax/_src/lru_cache.py; it needs the `filelock` package).
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)

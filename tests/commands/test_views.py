@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+import types
 
 import optuna
+import pytest
 
 from conftest import BASE_STUDY, merge
 from sweep.commands.plot import markers, value_at
@@ -21,20 +23,23 @@ def test_a_resume_between_evaluations_is_marked_at_its_step_on_the_curve():
     assert value_at(trial, 250) == 0.3 and abs(value_at(trial, 221) - (0.5 - 0.2 * 21 / 50)) < 1e-12
 
 
-def test_speed_comes_from_the_runners_windows_and_the_first_window_shows_compiling():
+def test_speed_comes_from_the_runners_windows_and_the_first_window_shows_compiling(monkeypatch):
+    from sweep.commands import progress
     from sweep.commands.progress import Monitor, TrialLine, trial_text
     from sweep.store.session import Session
 
+    clock = [100.0]  # the meter's clock, moved by hand: rates are exact, whatever the machine's load
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
     session = Session(config_lib.from_dict(merge(BASE_STUDY, {}), origin="s.yaml"))
     meter = Monitor(session).meter  # it watches the session's progress reports
     session.on_step(3, 0)  # the runner starts: its first window compiles
     assert meter.steps == {3: 0} and meter.rates == {}
-    time.sleep(0.05)
+    clock[0] += 5.0
     session.on_step(3, 1)  # the first window (with the compile) ends: timing starts here
     assert meter.rates == {}
-    time.sleep(0.1)
+    clock[0] += 0.1
     session.on_step(3, 11)
-    assert 30 < meter.rates[3] < 110  # 10 steps in ~0.1 s, not counting the compile
+    assert meter.rates[3] == pytest.approx(100.0)  # 10 steps in 0.1 s, not counting the compile
     session.on_step(3, -1)
     assert meter.steps == {} and meter.rates == {}
 

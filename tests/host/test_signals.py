@@ -24,11 +24,11 @@ def steps_of(study, number=0) -> list[int]:
 
 
 def sigterm_while_compiling(study, cache, after: str) -> tuple[Running, float]:
-    """A run with its own (empty) compilation cache, SIGTERMed a moment after `after` is logged
-    (the trace and compile of the training window take seconds); (run, exit seconds)."""
+    """A run with its own (empty) compilation cache, SIGTERMed as soon as `after` is logged: the trial
+    is starting up from before that line until its first step, after a trace and compile of seconds
+    (sweep/host/signals.py: StopSignal's starting trials); (run, exit seconds)."""
     proc = Running("run", study, cwd=study.parent, env={"SWEEP_COMPILATION_CACHE": str(study.parent / cache)})
     proc.wait_for(after)
-    time.sleep(0.3)  # the compile takes seconds, but under 1 s on an idle machine (a clean-clone run)
     proc.signal(signal.SIGTERM)
     t0 = time.monotonic()
     assert proc.finish(timeout=300) == 143, proc.stderr

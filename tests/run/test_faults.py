@@ -27,9 +27,9 @@ pytestmark = pytest.mark.slow  # every test here starts real processes
 FAULTY = {"pruner": {"type": "none"}, "checkpoint": {"every_steps": 50, "keep_last": 1, "keep_best": 1}}
 
 
-def test_sigkill_at_seeded_random_moments_loses_nothing(write_study, reference):
+def test_sigkill_at_seeded_random_moments_loses_nothing(write_study, reference, seed):
     study = write_study(**FAULTY)
-    rng = random.Random(20261129)
+    rng = random.Random(seed)
     kills = 0
     for _ in range(20):
         proc = Running("run", study, cwd=study.parent)

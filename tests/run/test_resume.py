@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -70,10 +69,11 @@ def test_run_killed_between_trials_equals_uninterrupted(write_study, reference):
 
 def test_run_killed_right_after_start_equals_uninterrupted(write_study, reference):
     study = write_study()
-    for delay in (0.2, 2.5):
-        proc = Running("run", study, cwd=study.parent)
-        time.sleep(delay)
-        kill9(proc)
+    proc = Running("run", study, cwd=study.parent)
+    kill9(proc)  # at once: in its imports, before it wrote anything
+    proc = Running("run", study, cwd=study.parent)
+    proc.wait_for(r"trial 0: started")  # the study and trial 0 exist, nothing trained yet
+    kill9(proc)
     _finish(study)
     assert snapshot(study) == reference()
 
@@ -153,14 +153,15 @@ def test_status_json_follows_the_reference(write_study):
     assert table.returncode == 0 and "COMPLETE" in table.stdout and "*" in table.stdout
 
 
-def test_compiles_are_counted_per_trial_and_a_new_process_compiles_nothing_cached(write_study):
+def test_compiles_are_counted_per_trial_and_a_new_process_compiles_nothing_cached(write_study, tmp_path):
     # Every trial of the same shapes: the second process finds all it needs in the study's cache.
     shapes = dict(search_space={"learning_rate": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
                   fixed={"batch_size": 32, "hidden": 32}, train={"steps": 100, "eval_every": 50})
+    own = {"SWEEP_COMPILATION_CACHE": str(tmp_path / "own_cache")}  # empty: not the tests' shared one
     study = write_study(n_trials=1, **shapes)
-    assert run_cli("run", study, cwd=study.parent).returncode == 0
+    assert run_cli("run", study, cwd=study.parent, env=own).returncode == 0
     study = write_study(n_trials=2, **shapes)
-    again = run_cli("run", study, cwd=study.parent)
+    again = run_cli("run", study, cwd=study.parent, env=own)
     assert again.returncode == 0, again.stderr
     first, second = json.loads(run_cli("status", study, "--json").stdout)["trials"]
     assert first["compiles"]["compilations"] > 0 and first["compiles"]["compile_seconds"] > 0

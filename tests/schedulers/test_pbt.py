@@ -146,10 +146,11 @@ def test_pbt_replay_retrains_the_winner_s_lineage_to_the_same_weights(uninterrup
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
-def test_pbt_killed_at_random_moments_and_at_exploits_equals_an_uninterrupted_run(uninterrupted, tmp_path, signum):
+def test_pbt_killed_at_random_moments_and_at_exploits_equals_an_uninterrupted_run(uninterrupted, tmp_path, signum,
+                                                                                   seed):
     path = _write(tmp_path)
     # First right after an exploit (the copy made, the member not yet trained on), then at random.
-    kills = interrupt_at_random(path, signum, r"exploit at step", seed=signum, env=_cache(uninterrupted))
+    kills = interrupt_at_random(path, signum, r"exploit at step", seed=seed, env=_cache(uninterrupted))
     result = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
     assert result.returncode == 0, result.stderr
     assert kills >= 2
@@ -255,7 +256,7 @@ def test_pbt_two_hosts_on_postgres_end_with_the_same_study_as_one_process(uninte
 
 
 @pytest.mark.slow
-def test_pbt_of_a_streaming_trial_copies_the_data_position_and_replays(tmp_path):
+def test_pbt_of_a_streaming_trial_copies_the_data_position_and_replays(tmp_path, seed):
     """trials.digits_stream (a grain pipeline over records on disk): an exploit copies the input
     pipeline's position with the state; killed right after one, the run ends as an uninterrupted
     one, and replay retrains the copied member to the same final state."""
@@ -265,7 +266,7 @@ def test_pbt_of_a_streaming_trial_copies_the_data_position_and_replays(tmp_path)
     straight = _write(tmp_path / "straight", **settings)
     assert run_cli("run", straight, cwd=straight.parent).returncode == 0
     path = _write(tmp_path / "killed", **settings)
-    kills = interrupt_at_random(path, signal.SIGKILL, r"exploit at step", seed=5, rounds=2, env=_cache(straight))
+    kills = interrupt_at_random(path, signal.SIGKILL, r"exploit at step", seed=seed, rounds=2, env=_cache(straight))
     result = run_cli("run", path, cwd=path.parent, env=_cache(straight))
     assert result.returncode == 0, result.stderr
     assert kills >= 1

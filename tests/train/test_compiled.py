@@ -72,3 +72,18 @@ def test_grid_study_drops_the_programs_of_points_it_has_taken(tmp_path, monkeypa
     assert all(len(widths) <= 1 for widths in cached), cached
     assert not [e for e in FUNCTIONS._entries.values() if e.module_key[0] == GRID_TRIAL]
     assert compiled.resident_bytes() is not None
+
+
+def test_the_persistent_compilation_cache_takes_jaxs_file_lock_for_processes_sharing_it(tmp_path):
+    """Workers (and studies naming one $SWEEP_COMPILATION_CACHE) read and write one folder at once:
+    with a size limit set, JAX locks the folder around each read and write and evicts past it."""
+    import jax
+    import jax.numpy as jnp
+
+    from sweep.train.compile_events import CACHE_MAX_BYTES, use_compilation_cache
+
+    use_compilation_cache(tmp_path / "cache")
+    assert jax.config.jax_compilation_cache_max_size == CACHE_MAX_BYTES
+    jax.jit(lambda x: jnp.sin(x) * 3.25)(jnp.arange(5.0)).block_until_ready()  # a program no other test has
+    assert (tmp_path / "cache" / ".lockfile").exists()  # JAX's filelock, taken for the write
+    assert [p for p in (tmp_path / "cache").iterdir() if p.name.endswith("-cache")]  # and the entry written

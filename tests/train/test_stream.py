@@ -194,8 +194,9 @@ def _damage_iterator_state(step_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_streaming_trial_killed_damaged_and_sigtermed_at_random_steps_equals_uninterrupted(write_study, reference):
-    rng = random.Random()
+def test_streaming_trial_killed_damaged_and_sigtermed_at_random_steps_equals_uninterrupted(write_study, reference,
+                                                                                             seed):
+    rng = random.Random(seed)
     kill_at, term_at = rng.choice([200, 300]), rng.choice([100, 200])
     print(f"kill -9 in trial 0 at step >= {kill_at}, SIGTERM in trial 1 at step >= {term_at}")
     study = write_study(**STREAM)
