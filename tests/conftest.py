@@ -304,7 +304,7 @@ def cache_env(path: Path) -> dict[str, str]:
 
 
 def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, env: dict[str, str] | None = None,
-                        rounds: int = 7) -> int:
+                        rounds: int = 4) -> int:
     """Run the study and send it `signum` `rounds` times: first right after a line matching
     `first`, then at a random moment (seeded) within 0.4 s of a trial starting, going on,
     resuming or training again; stops early once a run finishes by itself. The interruptions."""

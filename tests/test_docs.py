@@ -15,7 +15,7 @@ import yaml
 from doc_blocks import REPO, blocks, example, page_name, sweep_commands
 
 import sweep
-from conftest import run_cli
+from conftest import cli
 from sweep.__main__ import _parser
 from sweep.store.samplers import check_config
 from sweep.study import config as config_lib
@@ -71,23 +71,28 @@ def test_docs_commands_cover_the_readers():
 
 
 @pytest.mark.slow
-def test_docs_cheap_commands_run_for_real(tmp_path):
+def test_docs_cheap_commands_run_for_real(tmp_path, monkeypatch, capsys):
     """Every documented command on the example study that does not train a study of its own, run
-    as written on a small copy of it (2 trials of 300 steps) after `run`."""
+    as written on a small copy of it (2 trials of 300 steps) after `run`. In this process, through
+    the command line's `main` (what is tested is each command as documented, not a process
+    boundary: the other tests start processes, and each command's own tests run it as one)."""
     (tmp_path / "studies").mkdir()
     small = {**EXAMPLE_STUDY, "n_trials": 2, "train": {"steps": 300, "eval_every": 50, "seed": 0}}
     (tmp_path / "studies" / "digits_mlp.yaml").write_text(yaml.safe_dump(small))
-    result = run_cli("run", "studies/digits_mlp.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(capsys, "run", "studies/digits_mlp.yaml")
+    assert code == 0, err
     on_example = [(page, line, argv) for page, line, argv in COMMANDS
                   if argv[1:2] == ["studies/digits_mlp.yaml"] and argv[0] not in NOT_RUN_HERE]
     # `continue` first: the readers with --continued read what it trained.
     on_example.sort(key=lambda c: "--continued" in c[2])
     assert len(on_example) >= 5
     for page, line, argv in on_example:
-        result = run_cli(*argv, cwd=tmp_path)
-        assert result.returncode == 0, f"{page}:{line}: {' '.join(argv)}\n{result.stderr}"
-    status = json.loads(run_cli("status", "studies/digits_mlp.yaml", "--json", cwd=tmp_path).stdout)
+        code, _, err = cli(capsys, *argv)
+        assert code == 0, f"{page}:{line}: {' '.join(argv)}\n{err}"
+    code, out, err = cli(capsys, "status", "studies/digits_mlp.yaml", "--json")
+    assert code == 0, err
+    status = json.loads(out)
     assert set(status) == _fields("The study:") - {"objectives"}  # only with several objectives
     # only with checkpoint.remote / with constraints / with several objectives / with scheduler pbt
     conditional = {"remote_step", "feasible", "values", "pareto", "lineage", "params_in_force"}
