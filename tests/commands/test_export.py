@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Running, cli_env, kill9, kill_mid_trial, run_cli, study_of
+from conftest import Running, cli, cli_env, kill9, kill_mid_trial, run_cli, study_of
 from sweep.checkpoints.folder import TrialCheckpoints
 from sweep.commands.best import _jitted
 from sweep.study import config as config_lib
@@ -122,22 +122,24 @@ def test_exported_params_are_the_best_step_not_the_last(write_study, tmp_path):
     assert f"trial 0: its best checkpoint (step {entry['best_step']}) is damaged" in damaged.stderr
 
 
-def test_export_errors_exit_nonzero_with_a_clear_message(write_study, tmp_path):
+def test_export_errors_exit_nonzero_with_a_clear_message(write_study, tmp_path, capsys):
+    # The refusals run through main() in this process (an exception would fail the test as a
+    # traceback would); the usage error, which argparse ends with SystemExit, as a process.
     study = write_study(n_trials=1, train={"steps": 100000, "eval_every": 1000}, checkpoint={"every_steps": 1000})
-    missing = run_cli("export", study, "--out", tmp_path / "x")
-    assert missing.returncode == 1 and "not found" in missing.stderr and "Traceback" not in missing.stderr
+    code, _, err = cli(capsys, "export", study, "--out", tmp_path / "x")
+    assert code == 1 and "not found" in err and "Traceback" not in err
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
     kill9(proc)
-    unfinished = run_cli("export", study, "--out", tmp_path / "x")
-    assert unfinished.returncode == 1 and "has no finished trial to export yet" in unfinished.stderr
-    no_trial = run_cli("export", study, "--out", tmp_path / "x", "--trial", "5")
-    assert no_trial.returncode == 1 and "cannot export trial 5" in no_trial.stderr
+    code, _, err = cli(capsys, "export", study, "--out", tmp_path / "x")
+    assert code == 1 and "has no finished trial to export yet" in err
+    code, _, err = cli(capsys, "export", study, "--out", tmp_path / "x", "--trial", "5")
+    assert code == 1 and "cannot export trial 5" in err
     usage = run_cli("export", study)
     assert usage.returncode == 2 and "--out" in usage.stderr
     (tmp_path / "bad.yaml").write_text("name: x\n")
-    bad = run_cli("export", tmp_path / "bad.yaml", "--out", tmp_path / "x")
-    assert bad.returncode == 2 and "is required" in bad.stderr
+    code, _, err = cli(capsys, "export", tmp_path / "bad.yaml", "--out", tmp_path / "x")
+    assert code == 2 and "is required" in err
     assert not (tmp_path / "x").exists()
 
 

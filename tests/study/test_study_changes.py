@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (BASE_STUDY, REPO, Running, checkpoint_dir, kill9, kill_mid_trial, run_cli, snapshot, study_of,
-                      wait_for_checkpoint)
+from conftest import (BASE_STUDY, REPO, Running, checkpoint_dir, cli, kill9, kill_mid_trial, run_cli, snapshot,
+                      study_of, wait_for_checkpoint)
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -43,19 +43,21 @@ def edited(study: Path, edit) -> str:
 
 
 def test_edits_of_a_half_finished_study_are_refused_and_the_restored_file_finishes_bit_identically(
-        write_study, reference):
+        write_study, reference, capsys):
     study = write_study(**WITH_CHOICE)
     original = study.read_text()
     kill_mid_trial(study, 1, 200)
     newest = max(int(p.name) for p in checkpoint_dir(study, 1).iterdir() if p.name.isdigit())
 
-    # plan: what run would do, writing nothing.
+    # plan: what run would do, writing nothing. The refusals below run through main() in this
+    # process (the exit code and the message are what is tested; test_config.py runs refusals
+    # as processes).
     before = fingerprint_of_disk(study)
-    plan = run_cli("plan", study, cwd=study.parent)
-    assert plan.returncode == 0, plan.stderr
-    assert re.search(r"skip:\s+trial 0, finished \(COMPLETE\)", plan.stdout), plan.stdout
-    assert f"resume:  trial 1 from its newest checkpoint, step {newest}" in plan.stdout
-    assert re.search(r"new:\s+trials 2-3, sampled by tpe", plan.stdout), plan.stdout
+    code, out, err = cli(capsys, "plan", study)
+    assert code == 0, err
+    assert re.search(r"skip:\s+trial 0, finished \(COMPLETE\)", out), out
+    assert f"resume:  trial 1 from its newest checkpoint, step {newest}" in out
+    assert re.search(r"new:\s+trials 2-3, sampled by tpe", out), out
     assert fingerprint_of_disk(study) == before
 
     edits = {
@@ -68,9 +70,9 @@ def test_edits_of_a_half_finished_study_are_refused_and_the_restored_file_finish
     for named, edit in edits.items():
         study.write_text(edited(study, edit))
         for command in ("run", "plan"):
-            result = run_cli(command, study, cwd=study.parent)
-            out = result.stderr + result.stdout
-            assert result.returncode == 2, (command, out)
+            code, out, err = cli(capsys, command, study)
+            out = err + out
+            assert code == 2, (command, out)
             assert named in out, (command, out)
             assert "Traceback" not in out
         assert fingerprint_of_disk(study) == before  # database and checkpoints untouched
