@@ -368,25 +368,21 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
                     finished = True  # a run exits 0 once the study has n_trials finished
                 elif code is not None and not host.frozen:
                     host.start()
+            fault = None
             if scenario:
                 steps_now = _committed(hosts, name)
-                fault = None
                 if queue and steps_now - seen_steps:  # a new committed step since the previous fault
                     fault = _inject_kind(queue[0], rng, hosts, proxy, storage, name, undo, now)
                     if fault:  # (a kind with no target now, damage before a step it can reach, waits)
                         queue.pop(0)
                         seen_steps = steps_now
-                if fault:
-                    fault["t"] = round(now - start, 1)
-                    report["faults"].append(fault)
-                    say(f"{fault['t']:7.1f}s {fault['kind']}: {fault.get('target', '')}")
             elif now >= next_fault:
                 fault = _inject(rng, schedule, hosts, proxy, storage, name, undo, now)
-                if fault:
-                    fault["t"] = round(now - start, 1)
-                    report["faults"].append(fault)
-                    say(f"{fault['t']:7.1f}s {fault['kind']}: {fault.get('target', '')}")
                 next_fault = now + rng.uniform(2, 6)
+            if fault:
+                fault["t"] = round(now - start, 1)
+                report["faults"].append(fault)
+                say(f"{fault['t']:7.1f}s {fault['kind']}: {fault.get('target', '')}")
             _sample_disk(hosts, name, report)
             time.sleep(0.1)
         report["fault_seconds"] = round(time.monotonic() - start, 1)

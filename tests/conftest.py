@@ -154,9 +154,17 @@ def write_study(tmp_path: Path) -> Callable[..., Path]:
 _SHARED_CACHE: list[Path] = []
 
 
+def _run_folder(factory: pytest.TempPathFactory) -> Path:
+    """The temp folder of this whole test run, shared by the suite's processes: pytest-N, the parent
+    of a pytest-xdist worker's pytest-N/popen-gwK, or the base itself without xdist (its parent,
+    pytest-of-USER, holds every run's: nothing may be shared there)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    _SHARED_CACHE[:] = [tmp_path_factory.getbasetemp().parent / "jax_cache"]  # popen-gw0/.. is the run's
+    _SHARED_CACHE[:] = [_run_folder(tmp_path_factory) / "jax_cache"]
 
 
 def cli_env() -> dict[str, str]:
@@ -352,7 +360,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[tu
     for the whole test run: the suite's processes (-n 2) share each snapshot through a file in the
     run's common temp folder, the first to need it making it under a file lock."""
     cache: dict[str, list[tuple[Any, ...]]] = {}
-    shared = tmp_path_factory.getbasetemp().parent / "references"  # popen-gw0/.. is the run's, under xdist
+    shared = _run_folder(tmp_path_factory) / "references"
     shared.mkdir(exist_ok=True)
 
     def get(**override: Any) -> list[tuple[Any, ...]]:

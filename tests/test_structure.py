@@ -455,7 +455,7 @@ def _sleeps_then_asserts(source: str) -> list[int]:
     a random moment drawn from a seeded generator named `rng` (reported with its seed on failure)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        for body in (getattr(node, field, None) for field in ("body", "orelse", "finalbody", "handlers")):
+        for body in (getattr(node, field, None) for field in ("body", "orelse", "finalbody")):
             if not isinstance(body, list):
                 continue
             for i, stmt in enumerate(body):
