@@ -163,6 +163,7 @@ class TrialCheckpoints:
             except Exception as exc:
                 self._raise_disk_fault(exc, None)
                 raise
+        self._faulted = False  # a disk fault cut a save short: close() removes its partial step again
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
         self._pending: Future[None] | None = None
         self._writing: int | None = None  # the step the writer is on
@@ -299,8 +300,8 @@ class TrialCheckpoints:
         code = disk_errno(exc)
         if code is None:
             return
-        for partial in self.directory.glob("*.orbax-checkpoint-tmp*"):
-            shutil.rmtree(partial, ignore_errors=True)
+        self._faulted = True
+        self._remove_partials()
         if step is not None and not (self.directory / str(step)).exists():
             sums = integrity.sums_dir(self.directory)
             for stale in (sums / f"{step}{integrity.SIDE_SUFFIX}", sums / f".{step}.tmp"):
@@ -309,6 +310,21 @@ class TrialCheckpoints:
         raise DiskFault(f"{self.label}: cannot write {what} to {self.directory}: {os.strerror(code)} "
                         f"({errno.errorcode[code]}); its committed steps are intact and it stays resumable: "
                         "free space (or fix the disk) and run the same command") from None
+
+    def _remove_partials(self) -> None:
+        """Remove the partial steps Orbax left (`<step>.orbax-checkpoint-tmp*`), so their space is free.
+
+        After a disk fault, writes of the same save may still be in flight: Orbax gathers a step's
+        tensorstore writes with `asyncio.gather`, which raises at the first failure and leaves the
+        others running, and tensorstore creates a file's parent folders as it writes. So a folder
+        removed here can come back; `close()` removes them again once Orbax's manager is closed.
+        """
+        for _ in range(3):
+            partials = list(self.directory.glob("*.orbax-checkpoint-tmp*"))
+            if not partials:
+                return
+            for partial in partials:
+                shutil.rmtree(partial, ignore_errors=True)
 
     def _write_items(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
         for step, state, metrics in items:
@@ -357,6 +373,9 @@ class TrialCheckpoints:
             except Exception as exc:
                 if disk_errno(exc) is None:
                     raise
+            finally:
+                if self._faulted:  # what writes still in flight at the fault wrote since (see _remove_partials)
+                    self._remove_partials()
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())

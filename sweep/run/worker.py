@@ -208,6 +208,9 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
         if session.prepare_trial(claimed.number, trial, Path(ckpt_dir)):
             frozen = session.trial(claimed.number)
         trial_code.record_on(trial, frozen, code)
+        # Starting up from before its first line: a signal right after "started" finds a trial with
+        # nothing new to save (the run loop says so again, with its step, once it restored).
+        stop.trial_starting(claimed.number)
         if not claimed.adopted and not claimed.promoted:
             log.info("trial %d: started with params %s", claimed.number, params)
         outcome = run_attempts(session, ckpts, ClaimedTrial(trial, frozen, params, Path(ckpt_dir), fence, resumes,
@@ -233,6 +236,7 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
     except TakenOver as exc:
         log.warning("%s", exc)  # the study goes on; the trial is the other worker's now
     finally:
+        stop.trial_ended(claimed.number)  # also where it ended before its loop began
         claims.release(key)  # only where this worker is still the owner
 
 
