@@ -125,3 +125,30 @@ def test_checksums_follow_retention_and_a_step_without_one_is_not_trusted(tmp_pa
     ckpt = TrialCheckpoints(directory, "val_loss", "maximize", keep_last=1, keep_best=1)
     assert ckpt.latest_step() == 20
     ckpt.close()
+
+
+def test_a_disk_fault_s_partial_step_is_gone_after_close_also_if_a_late_write_recreated_it(tmp_path):
+    """Orbax gathers a step's writes with asyncio.gather, which raises at the first ENOSPC and leaves the
+    others running; tensorstore recreates a file's parent folders as it writes (CI's failure of
+    test_full_checkpoint_disk_stops_the_run...: a partial step left after the run's exit 1)."""
+    import errno
+
+    from sweep.errors import DiskFault
+
+    directory = tmp_path / "trial_0000"
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=2, keep_best=0)
+    ckpt.save((100, _state(100), {"val_loss": 1.0}))
+    ckpt.wait()
+    ckpt.room = full  # the next step's write meets a full disk
+    ckpt.save((200, _state(200), {"val_loss": 0.5}))
+    with pytest.raises(DiskFault, match=r"cannot write its checkpoint of step 200 .*\(ENOSPC\)"):
+        ckpt.wait()
+    late = directory / "200.orbax-checkpoint-tmp" / "default" / "ocdbt.process_0" / "d"
+    late.mkdir(parents=True)  # what a write still in flight at the fault leaves behind
+    (late / "abc").write_bytes(b"x" * 100)
+    ckpt.close()
+    assert sorted(p.name for p in directory.iterdir()) == ["100"]  # the committed step intact, no partial
