@@ -18,7 +18,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import Running, kill9, run_cli, snapshot, study_of
+from conftest import Running, checkpoint_dir, kill9, run_cli, snapshot, study_of
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -27,29 +27,43 @@ pytestmark = pytest.mark.slow  # every test here starts real processes
 FAULTY = {"pruner": {"type": "none"}, "checkpoint": {"every_steps": 50, "keep_last": 1, "keep_best": 1}}
 
 
+def _committed(folder: Path) -> int:
+    return max((int(p.name) for p in folder.glob("*") if p.name.isdigit()), default=0) if folder.exists() else 0
+
+
 def test_sigkill_at_seeded_random_moments_loses_nothing(write_study, reference, seed):
+    """kill -9 at seeded moments chosen by events: once trial N has committed a step >= S, for a seeded
+    sample of (N, S) in the order they come, at once or within 0.3 s (into training, the next save
+    and the deletion of the step it replaces; after a trial's last step, into the hand-over to the
+    next trial); and before some of them, a kill within 0.5 s of a run's first line (restoring,
+    compiling). Every target comes in a later run than the one before, so the number of kills is
+    the plan's, however fast or loaded the machine."""
     study = write_study(**FAULTY)
     rng = random.Random(seed)
+    commits = [(n, s) for n in range(4) for s in range(50, 601, 50)][:-1]  # the last one ends the study
+    targets = sorted(rng.sample(commits, 6))
     kills = 0
-    for _ in range(20):
+    for number, step in targets:
+        if rng.random() < 0.4:  # a kill in start-up first
+            proc = Running("run", study, cwd=study.parent)
+            proc.wait_for(r"\[sweep ")
+            time.sleep(rng.uniform(0.0, 0.5))
+            kill9(proc)
+            kills += 1
         proc = Running("run", study, cwd=study.parent)
-        # Start-up takes ~2.5 s here; delays from 0.2 s to 5 s hit start-up, training, saves,
-        # deletions and the hand-over between trials.
-        deadline = time.monotonic() + rng.uniform(0.2, 5.0)
-        while time.monotonic() < deadline and proc.proc.poll() is None:
-            time.sleep(0.01)
-        if proc.proc.poll() is not None:
-            assert proc.finish() == 0, proc.stderr
-            break  # the study finished before this kill
+        folder = checkpoint_dir(study, number)
+        while _committed(folder) < step and proc.proc.poll() is None:
+            time.sleep(0.005)
+        assert proc.proc.poll() is None, f"the run ended before trial {number} committed step {step}: {proc.stderr}"
+        time.sleep(rng.choice([0.0, rng.uniform(0.0, 0.3)]))
         kill9(proc)
         kills += 1
-    assert kills >= 5
     final = run_cli("run", study, cwd=study.parent)
     assert final.returncode == 0, final.stderr
     trials = study_of(study).trials
     assert [t.number for t in trials] == [0, 1, 2, 3]  # exactly n_trials, numbers contiguous
     assert all(t.state.name == "COMPLETE" for t in trials)
-    assert snapshot(study) == reference(**FAULTY)
+    assert snapshot(study) == reference(**FAULTY), f"{kills} kills before the final run"
 
 
 def test_four_processes_and_a_polling_reader_share_one_sqlite_study(write_study):
