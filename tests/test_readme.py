@@ -90,3 +90,14 @@ def test_readme_python_api_example_runs_as_documented(tmp_path):
     best = re.search(r"best trial (\d+) step (\d+) exported first: (\d+)", result.stdout)
     assert best and best.group(1) == best.group(3), result.stdout  # load_best and export agree on the best
     assert (tmp_path / "export-py" / "index.json").is_file()
+
+
+def test_readme_names_every_key_that_may_change_under_a_started_study():
+    """The README's list is the refusal's (sweep/study/fingerprint.py STEERING: a new user of issue 43
+    found `logging` missing from it)."""
+    from sweep.study.fingerprint import STEERING
+
+    text = " ".join((REPO / "README.md").read_text().split())
+    listed = re.search(r"keys that only steer the run \(([^)]*)\) may change", text)
+    assert listed, "the README no longer says which keys may change"
+    assert re.findall(r"`([a-z_]+)`", listed.group(1)) == list(STEERING)
