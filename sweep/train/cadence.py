@@ -117,7 +117,11 @@ def describe(checkpoint: Checkpoint) -> str:
     """The effective cadence in words, as `plan` states it."""
     parts = [x for x in (f"every {count(checkpoint.every_steps, 'step')}" if checkpoint.every_steps else "",
                          f"every {checkpoint.every_seconds:g} s" if checkpoint.every_seconds else "") if x]
-    asked = " or ".join(parts) + (" (whichever comes first)" if len(parts) > 1 else "")
+    asked = " or ".join(parts)
+    if len(parts) > 1:  # a user who set every_steps alone learns that the seconds are a default (issue 43)
+        default = "every_seconds" not in checkpoint.model_fields_set
+        asked += (f" (whichever comes first; {checkpoint.every_seconds:g} s is every_seconds' default, "
+                  "`every_seconds: null` saves by steps alone)" if default else " (whichever comes first)")
     share = checkpoint.write_share
     if not parts:
         return "at the last step only (no cadence)"

@@ -19,7 +19,8 @@ def plan_lines(capsys, study, root: Path) -> list[str]:
     return [line for line in out.splitlines() if not line.startswith("  note:")]  # the sampler's notes
 
 
-SAVES = "  saves:   every 20 steps or every 300 s (whichever comes first), exactly, and at the last step"
+SAVES = ("  saves:   every 20 steps or every 300 s (whichever comes first; 300 s is every_seconds' default, "
+         "`every_seconds: null` saves by steps alone), exactly, and at the last step")
 
 
 def test_plan_reads_as_sentences_with_singular_and_plural(here, capsys):
@@ -51,6 +52,16 @@ def test_plan_reads_as_sentences_with_singular_and_plural(here, capsys):
                          SAVES, "run would start 2 new trials"]
     for line in lines:
         assert "(s)" not in line
+
+
+def test_plan_says_whether_every_seconds_is_its_default_beside_every_steps(here, capsys):
+    study = make_study(here, n_trials=1)
+    saves = lambda checkpoint: [line for line in plan_lines(  # noqa: E731
+        capsys, {**study, "checkpoint": {**study["checkpoint"], **checkpoint}}, here) if "saves:" in line]
+    assert saves({}) == [SAVES]  # every_steps alone: the default seconds are named as a default
+    assert saves({"every_seconds": None}) == ["  saves:   every 20 steps, exactly, and at the last step"]
+    assert saves({"every_seconds": 60}) == [
+        "  saves:   every 20 steps or every 60 s (whichever comes first), exactly, and at the last step"]
 
 
 def _removals(study):

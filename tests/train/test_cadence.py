@@ -127,7 +127,8 @@ def test_explicit_every_steps_is_exact_by_default_then_a_kill(write_study):
     study.write_text(yaml.safe_dump(data))
     plan = run_cli("plan", study, cwd=study.parent)
     assert plan.returncode == 0, plan.stderr
-    assert "saves:   every 50 steps or every 300 s (whichever comes first), exactly" in plan.stdout, plan.stdout
+    assert ("saves:   every 50 steps or every 300 s (whichever comes first; 300 s is every_seconds' default, "
+            "`every_seconds: null` saves by steps alone), exactly") in plan.stdout, plan.stdout
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
     wait_for_checkpoint(checkpoint_dir(study, 0), 1000)
