@@ -255,15 +255,17 @@ def kill9(proc: Running) -> None:
     proc.finish()
 
 
-def wait_for_checkpoint(ckpt_dir: Path, min_step: int, timeout: float = 300) -> int:
-    """Wait until a committed step >= min_step exists in ckpt_dir; returns the newest step."""
+def wait_for_checkpoint(ckpt_dir: Path, min_step: int, timeout: float = 300, proc: Running | None = None) -> int:
+    """Wait until a committed step >= min_step exists in ckpt_dir; returns the newest step. With
+    `proc`, fail at once if that run ends first."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (proc is None or proc.proc.poll() is None):
         steps = [int(p.name) for p in ckpt_dir.glob("*") if p.name.isdigit()] if ckpt_dir.exists() else []
         if steps and max(steps) >= min_step:
             return max(steps)
         time.sleep(0.005)
-    raise AssertionError(f"no checkpoint >= {min_step} in {ckpt_dir}")
+    ended = f"; the run ended first: {proc.stderr}" if proc is not None and proc.proc.poll() is not None else ""
+    raise AssertionError(f"no checkpoint >= {min_step} in {ckpt_dir}{ended}")
 
 
 def checkpoint_dir(study: Path | dict[str, Any], number: int) -> Path:

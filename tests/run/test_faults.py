@@ -18,17 +18,13 @@ import optuna
 import pytest
 import yaml
 
-from conftest import Running, checkpoint_dir, kill9, run_cli, snapshot, study_of
+from conftest import Running, checkpoint_dir, kill9, run_cli, snapshot, study_of, wait_for_checkpoint
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
 # Frequent saves with keep_last 1: a random kill often lands in a checkpoint write or the
 # deletion of the step it replaces, not only in training.
 FAULTY = {"pruner": {"type": "none"}, "checkpoint": {"every_steps": 50, "keep_last": 1, "keep_best": 1}}
-
-
-def _committed(folder: Path) -> int:
-    return max((int(p.name) for p in folder.glob("*") if p.name.isdigit()), default=0) if folder.exists() else 0
 
 
 def test_sigkill_at_seeded_random_moments_loses_nothing(write_study, reference, seed):
@@ -51,10 +47,7 @@ def test_sigkill_at_seeded_random_moments_loses_nothing(write_study, reference, 
             kill9(proc)
             kills += 1
         proc = Running("run", study, cwd=study.parent)
-        folder = checkpoint_dir(study, number)
-        while _committed(folder) < step and proc.proc.poll() is None:
-            time.sleep(0.005)
-        assert proc.proc.poll() is None, f"the run ended before trial {number} committed step {step}: {proc.stderr}"
+        wait_for_checkpoint(checkpoint_dir(study, number), step, proc=proc)
         time.sleep(rng.choice([0.0, rng.uniform(0.0, 0.3)]))
         kill9(proc)
         kills += 1
