@@ -13,6 +13,7 @@ package registry into a temporary folder), and prints the medians and their rati
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -35,10 +36,7 @@ def _unpacked(version: str, into: Path) -> Path:
 
 
 def _once(pythonpath: str | None) -> tuple[str, float]:
-    env = None
-    if pythonpath:
-        import os
-        env = {**os.environ, "PYTHONPATH": pythonpath}
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env)
     version, seconds = out.stdout.split()
     return version, float(seconds)

@@ -319,12 +319,8 @@ class TrialCheckpoints:
         others running, and tensorstore creates a file's parent folders as it writes. So a folder
         removed here can come back; `close()` removes them again once Orbax's manager is closed.
         """
-        for _ in range(3):
-            partials = list(self.directory.glob("*.orbax-checkpoint-tmp*"))
-            if not partials:
-                return
-            for partial in partials:
-                shutil.rmtree(partial, ignore_errors=True)
+        for partial in self.directory.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
 
     def _write_items(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
         for step, state, metrics in items:
