@@ -182,6 +182,36 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def read_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m sweep ARGS` of a reading command (status, plan, export, plot) through `main()` in
+    this process, with `cwd` as the current directory and `env` set meanwhile: the exit code,
+    stdout and stderr that `run_cli` gives, without a process start (~2-4 s each: imports and the
+    trial module's). For tests where no process boundary is the point; each command's own tests
+    (tests/commands/) run it as a process."""
+    import contextlib
+    import io
+
+    assert args and args[0] in ("status", "plan", "export", "plot"), args
+    out, err = io.StringIO(), io.StringIO()
+    extra = {**({"SWEEP_COMPILATION_CACHE": str(_SHARED_CACHE[0])} if _SHARED_CACHE else {}), **(env or {})}
+    saved = {k: os.environ.get(k) for k in extra}
+    here = os.getcwd()
+    try:
+        os.environ.update(extra)
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(here)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def refused(study_file: Path, capsys: Any, fragment: str) -> None:
     """`sweep run` of the study file, in-process, exits 2 with one line (no traceback) that names the file and
     holds `fragment`, and writes nothing beside it."""

@@ -1,19 +1,15 @@
 """Checkpoints on S3-compatible storage (sweep/checkpoints/s3.py, behind sweep/checkpoints/remote.py)
 against a real S3 server on localhost (moto's server mode, started by the test): uploads with a
-commit marker last, a kill mid-upload, resume and takeover from the bucket by a host with an empty disk, export reading only the bucket."""
+commit marker last, a kill mid-upload, resume from the bucket (the takeover by a host with an empty
+disk, and export reading only the bucket: tests/run/test_clusters.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import time
-from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
-import yaml
 
 from conftest import BUCKET, checkpoint_dir, make_study, run, saved_steps, tier_of
 from sweep.checkpoints import integrity
@@ -92,86 +88,6 @@ def test_remote_must_be_an_s3_url(here):
 
 
 @pytest.mark.slow
-def test_two_hosts_share_only_the_database_and_the_bucket(tmp_path, reference, bucket_prefix):
-    """Host a is killed mid-trial (right after a save, its upload under way) and its disk is wiped;
-    host b, with its own empty workdir, takes the trial over from the bucket after the lease grace;
-    the study equals an uninterrupted one; a third folder exports reading only the bucket."""
-    from conftest import BASE_STUDY, Running, kill9, merge, run_cli
-    from conftest import snapshot as cli_snapshot
-
-    # Random sampling: host b asks trial 2 while trial 1 is still host a's (until the lease grace).
-    # 30,000 steps a trial (a few seconds): trial 1 still trains when its first step reaches the
-    # bucket, also where the uploads (at a low priority) lag behind on a loaded machine.
-    settings = dict(n_trials=3, pruner={"type": "none"}, sampler={"type": "random", "seed": 3},
-                    train={"steps": 30000, "eval_every": 500},
-                    parallel={"lease_grace_seconds": 3}, checkpoint={"every_steps": 5000})
-    shared = tmp_path / "shared"
-    shared.mkdir()
-
-    def study_file(host: str) -> Path:
-        data = merge(merge(BASE_STUDY, settings), {"storage": f"sqlite:///{shared / 'study.db'}",
-                                  "workdir": str(tmp_path / host / "runs"),
-                                  "checkpoint": {"remote": bucket_prefix}})
-        path = tmp_path / host / "study.yaml"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        return path
-
-    a, b, c = study_file("a"), study_file("b"), study_file("c")
-    env_a = {**os.environ, "SWEEP_HOST": "host-a"}
-    proc = Running("run", a, cwd=a.parent, env=env_a)
-    proc.wait_for(r"trial 0: started")
-    deadline = time.monotonic() + 300
-    tier, taken = None, None
-    # Until a trial still RUNNING has a step in the bucket (polled gently: the uploads run at a low
-    # priority beside training, and lagged a whole trial behind on a loaded machine, where the
-    # clean-clone run found trial 1 finished before its first step was there).
-    while taken is None and time.monotonic() < deadline and proc.proc.poll() is None:
-        try:
-            tier = tier or tier_of(bucket_prefix, f"sqlite:///{shared / 'study.db'}", "t")
-            running = [t.number for t in optuna.load_study(study_name="t", storage=f"sqlite:///{shared / 'study.db'}")
-                       .get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
-            taken = next((n for n in running if tier.steps(f"trial_{n:04d}")), None)
-        except Exception:  # noqa: BLE001 - the study or its attribute not there yet
-            pass
-        time.sleep(0.1)
-    assert taken is not None, proc.stderr
-    kill9(proc)  # the trial is training on, its next step uploading or queued
-    shutil.rmtree(tmp_path / "a")  # the machine is gone with its disk
-
-    again = Running("run", b, cwd=b.parent, env={**os.environ, "SWEEP_HOST": "host-b"})
-    assert again.finish() == 0, again.stderr
-    assert f"trial {taken}: fetched step" in again.stderr, again.stderr
-    assert cli_snapshot(b) == reference(**settings)
-
-    out = tmp_path / "c-export"
-    exported = run_cli("export", c, "--out", str(out), cwd=c.parent)
-    assert exported.returncode == 0, exported.stderr
-    assert not (tmp_path / "c" / "runs" / "checkpoints").exists()  # nothing local: the bucket only
-    index = json.loads((out / "index.json").read_text())
-    assert sorted(e["number"] for e in index["trials"]) == [0, 1, 2]
-    ref_out = tmp_path / "b-export"
-    assert run_cli("export", b, "--out", str(ref_out), cwd=b.parent).returncode == 0
-    for n in range(3):
-        name = f"trial_{n:04d}/params.safetensors"
-        assert (out / name).read_bytes() == (ref_out / name).read_bytes()
-    shown = json.loads(run_cli("status", b, "--json", cwd=b.parent).stdout)
-    assert [t["remote_step"] for t in shown["trials"]] == [30000, 30000, 30000]
-    # plot from the third folder marks the checkpoints the bucket keeps
-    from sweep.commands.plot import markers
-    from sweep.store.session import Session
-    from sweep.study import config as config_lib
-
-    session = Session(config_lib.load(c))
-    try:
-        session.open(create=False)
-        remote = remote_lib.remote_steps(session, [1])
-        marks = markers(session.config, session.trial(1), remote[1])
-    finally:
-        session.close()
-    assert marks["checkpoint"] == remote[1] and 30000 in marks["checkpoint"]
-
-
 def test_a_removed_trial_left_in_the_bucket_is_pruned_by_the_next_pass(here, bucket_prefix):
     """keep_trials holds in the bucket too when a trial's prune was cut short (an outage) or another
     host's upload landed after it: the chaos campaign found 23 such trials in 30 minutes."""

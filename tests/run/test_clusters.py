@@ -1,9 +1,11 @@
 """What the cluster recipes (examples/slurm, examples/k8s) run: the same `sweep run STUDY --n-jobs auto`
 on N "nodes", each with its own SWEEP_HOST and working directory (so its own local workdir), against
-one PostgreSQL database and one S3 bucket on localhost; a node killed and its trial taken over."""
+one PostgreSQL database and one S3 bucket on localhost; a node killed and its trial taken over from
+the bucket, and a folder with no checkpoints that exports from the bucket alone."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -11,17 +13,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BASE_STUDY, BUCKET, Running, kill9, merge, snapshot, tier_of, wait_for_checkpoint
+from conftest import BASE_STUDY, BUCKET, Running, kill9, merge, read_cli, snapshot, tier_of, wait_for_checkpoint
+from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
 def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_taken_over(
-        tmp_path, postgres_url, s3_server, reference):  # noqa: F811
+        tmp_path, postgres_url, s3_server, reference, monkeypatch):  # noqa: F811
+    """Node 0 is killed mid-trial, right after its step reached the bucket, and its disk is wiped;
+    node 1, with its own empty workdir, takes the trial over from the bucket after the lease grace;
+    the study equals an uninterrupted one; a third folder exports reading only the bucket."""
     settings = dict(n_trials=3, sampler={"type": "random", "seed": 3}, pruner={"type": "none"},
-                    train={"steps": 100000, "eval_every": 5000}, checkpoint={"every_steps": 20000},
+                    train={"steps": 20000, "eval_every": 1000}, checkpoint={"every_steps": 4000},
                     parallel={"n_jobs": "auto", "lease_grace_seconds": 3})
-    data = merge(merge(BASE_STUDY, settings), {"storage": postgres_url,
+    data = merge(merge(BASE_STUDY, settings), {"storage": postgres_url, "trial": "gated_digits",
                                                "checkpoint": {"remote": f"s3://{BUCKET}/clusters"}})
     data.pop("workdir", None)  # relative default: each node's workdir is under the directory it runs in
     study = tmp_path / "study.yaml"
@@ -30,6 +36,13 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     for node in nodes:
         node.mkdir()
 
+    # Node 0 is held at its first evaluation after a step >= 4000 is committed locally (tests/trials/
+    # gated.py): it cannot finish the trial before the step is in the bucket, however slow the
+    # uploads (a niced thread) on a loaded machine; node 1, started elsewhere, is never held.
+    write_trial(nodes[0], "gated_digits", "gated", AFTER=4000)
+    (nodes[0] / "hold").touch()
+    write_trial(nodes[1], "gated_digits", "gated")
+
     def node_run(i: int) -> Running:
         return Running("run", study, "--n-jobs", "auto", cwd=nodes[i], env={"SWEEP_HOST": f"node-{i}"})
 
@@ -37,7 +50,7 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     number = int(first.wait_for(r"trial (\d+): started").group(1))
     other = int(second.wait_for(r"trial (\d+): started").group(1))
     assert other != number
-    wait_for_checkpoint(nodes[0] / "runs" / "t" / "checkpoints" / f"trial_{number:04d}", 20000)
+    wait_for_checkpoint(nodes[0] / "runs" / "t" / "checkpoints" / f"trial_{number:04d}", 4000, proc=first)
     deadline = time.monotonic() + 300
     tier = None
     while time.monotonic() < deadline:  # until a step of the trial is in the bucket (uploads run beside training)
@@ -48,8 +61,10 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
         except Exception:  # noqa: BLE001 - the study attribute not there yet
             pass
         time.sleep(0.1)
+    else:
+        raise AssertionError(f"no step of trial {number} in the bucket: {first.stderr}")
     kill9(first)
-    assert f"trial {number}: complete" not in first.stderr, "the trial ended before the kill: make it longer"
+    assert f"trial {number}: complete" not in first.stderr, first.stderr
     shutil.rmtree(nodes[0])  # the node is gone with its disk
     assert second.finish() == 0, second.stderr
     assert f"trial {number}: resumed from step" in second.stderr  # after node 0's lease, from the bucket
@@ -57,6 +72,37 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     assert "study t: 3/3 trials finished (3 complete" in second.stdout
     assert snapshot(study) == reference(**{k: v for k, v in settings.items() if k != "parallel"})
     assert not Path(nodes[0]).exists() and (nodes[1] / "runs" / "t" / "checkpoints").is_dir()
+
+    # A third folder with no checkpoints reads only the bucket: export equals node 1's, byte for
+    # byte; status says each trial's newest step there; plot marks the steps the bucket keeps.
+    third = tmp_path / "node2"
+    third.mkdir()
+    write_trial(third, "gated_digits", "gated")
+    exported = read_cli("export", study, "--out", third / "export", cwd=third)
+    assert exported.returncode == 0, exported.stderr
+    assert not (third / "runs" / "t" / "checkpoints").exists()  # nothing local: the bucket only
+    index = json.loads((third / "export" / "index.json").read_text())
+    assert sorted(e["number"] for e in index["trials"]) == [0, 1, 2]
+    assert read_cli("export", study, "--out", nodes[1] / "export", cwd=nodes[1]).returncode == 0
+    for n in range(3):
+        name = f"trial_{n:04d}/params.safetensors"
+        assert (third / "export" / name).read_bytes() == (nodes[1] / "export" / name).read_bytes()
+    shown = json.loads(read_cli("status", study, "--json", cwd=third).stdout)
+    assert [t["remote_step"] for t in shown["trials"]] == [20000, 20000, 20000]
+    from sweep.checkpoints import remote as remote_lib
+    from sweep.commands.plot import markers
+    from sweep.store.session import Session
+    from sweep.study import config as config_lib
+
+    monkeypatch.chdir(third)  # the study's relative workdir: this folder's
+    session = Session(config_lib.load(study))
+    try:
+        session.open(create=False)
+        remote = remote_lib.remote_steps(session, [number])
+        marks = markers(session.config, session.trial(number), remote[number])
+    finally:
+        session.close()
+    assert marks["checkpoint"] == remote[number] and 20000 in marks["checkpoint"]
 
 
 def test_the_recipes_run_the_command_this_module_tests():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import Running, checkpoint_dir, kill9, kill_mid_trial, run_cli, signalled_after_a_save, snapshot, study_of
+from conftest import checkpoint_dir, kill9, kill_mid_trial, read_cli, run_cli, Running, signalled_after_a_save, snapshot, study_of
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -82,7 +82,7 @@ def test_sigterm_checkpoints_current_step_and_exits_143(write_study, reference):
     study = write_study()
     proc = signalled_after_a_save(study, 1, signal.SIGTERM)  # exit 143
     stopped = int(re.search(r"trial 1: stopped at step (\d+); checkpoint saved", proc.stderr).group(1))
-    status = json.loads(run_cli("status", study, "--json").stdout)
+    status = json.loads(read_cli("status", study, "--json").stdout)
     trial1 = status["trials"][1]
     assert trial1["state"] == "INTERRUPTED"
     # The current step was saved, even off the every_steps cadence; the next run starts there.
@@ -135,7 +135,7 @@ def test_two_processes_on_one_sqlite_study_run_each_trial_once(write_study):
 def test_status_json_follows_the_reference(write_study):
     study = write_study(n_trials=2)
     assert run_cli("run", study, cwd=study.parent).returncode == 0
-    result = run_cli("status", study, "--json")
+    result = read_cli("status", study, "--json")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["study"] == "t" and status["n_trials"] == 2 and status["storage"].startswith("sqlite:///")
@@ -163,7 +163,7 @@ def test_compiles_are_counted_per_trial_and_a_new_process_compiles_nothing_cache
     study = write_study(n_trials=2, **shapes)
     again = run_cli("run", study, cwd=study.parent, env=own)
     assert again.returncode == 0, again.stderr
-    first, second = json.loads(run_cli("status", study, "--json").stdout)["trials"]
+    first, second = json.loads(read_cli("status", study, "--json").stdout)["trials"]
     assert first["compiles"]["compilations"] > 0 and first["compiles"]["compile_seconds"] > 0
     assert second["compiles"]["compilations"] == 0 and second["compiles"]["cache_hits"] > 0, second["compiles"]
     assert re.search(r"compilation: \d+ XLA compilations? in [\d.]+ s, \d+ executables? from the "
@@ -172,7 +172,7 @@ def test_compiles_are_counted_per_trial_and_a_new_process_compiles_nothing_cache
 
 def test_status_of_missing_study_is_a_clear_error(write_study, tmp_path):
     study = write_study()
-    result = run_cli("status", study)
+    result = read_cli("status", study)
     assert result.returncode == 1
     assert "not found" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()

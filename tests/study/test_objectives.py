@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import sweep
-from conftest import BASE_STUDY, kill_mid_trial, run_cli, study_of
+from conftest import BASE_STUDY, kill_mid_trial, read_cli, run_cli, study_of
 from sweep.commands.status import table
 from sweep.errors import ConfigError
 from sweep.study import config as config_lib
@@ -57,7 +57,7 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, m
     assert [d.name for d in optuna_study.directions] == ["MINIMIZE", "MINIMIZE"]
     assert all(not t.intermediate_values for t in optuna_study.trials)  # nothing reported per step
 
-    status = json.loads(run_cli("status", study, "--json", cwd=tmp_path).stdout)
+    status = json.loads(read_cli("status", study, "--json", cwd=tmp_path).stdout)
     assert status["objectives"] == TWO
     assert sorted(t["number"] for t in status["trials"] if t["pareto"]) == front
     for t, entry in zip(optuna_study.trials, status["trials"]):
@@ -66,7 +66,7 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, m
         assert entry["values"] == {k: entry["metrics"][k] for k in ("val_loss", "n_params")}
     assert f"Pareto front (*): {', '.join(map(str, front))}" in table(status)  # the table of `status`
 
-    exported = run_cli("export", study, "--out", tmp_path / "out", cwd=tmp_path)
+    exported = read_cli("export", study, "--out", tmp_path / "out", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert index["objectives"] == TWO
@@ -192,8 +192,8 @@ def test_warm_start_changes_tpe_first_suggestion_without_training(tmp_path, monk
     assert run_cli("run", warm, cwd=tmp_path).returncode == 0
     trials = study_of(warm).trials
     assert sum("warm_start" in t.user_attrs for t in trials) == 4 and len(trials) == 6
-    status = json.loads(run_cli("status", warm, "--json", cwd=tmp_path).stdout)
+    status = json.loads(read_cli("status", warm, "--json", cwd=tmp_path).stdout)
     assert [t["number"] for t in status["trials"]] == [4, 5] and "2/2 trials finished" in table(status)
-    assert run_cli("export", warm, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
+    assert read_cli("export", warm, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert sorted(e["number"] for e in index["trials"]) == [4, 5]

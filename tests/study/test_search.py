@@ -11,7 +11,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import BASE_STUDY, kill_mid_trial, merge, run_cli, snapshot, study_of
+from conftest import BASE_STUDY, kill_mid_trial, merge, read_cli, run_cli, snapshot, study_of
 
 FAST = {"train": {"steps": 200, "eval_every": 50}, "checkpoint": {"every_steps": 50}, "pruner": {"type": "none"}}
 
@@ -30,7 +30,7 @@ def test_trials_enqueued_through_optuna_run_and_count(write_study):
     optuna_study = optuna.load_study(study_name="t", storage=_storage(study))
     optuna_study.enqueue_trial({"learning_rate": 0.02, "hidden": 32})
     optuna_study.enqueue_trial({"learning_rate": 0.005, "hidden": 48})
-    plan = run_cli("plan", study, cwd=study.parent)
+    plan = read_cli("plan", study, cwd=study.parent)
     assert plan.returncode == 0, plan.stderr
     assert "waiting: trials 3-4" in plan.stdout, plan.stdout
     assert plan.stdout.splitlines()[-1] == "run would start 2 new trials"
@@ -109,7 +109,7 @@ def test_a_stored_argument_that_never_worked_may_be_dropped(write_study):
     assert result.returncode == 0, result.stderr
     # A usable argument stored and dropped is still a refused edit.
     optuna_study.set_user_attr(fingerprint.STUDY_ATTR, {**stored, "sampler.n_ei_candidates": 24})
-    result = run_cli("plan", study, cwd=study.parent)
+    result = read_cli("plan", study, cwd=study.parent)
     assert result.returncode == 2 and "sampler.n_ei_candidates: 24 -> (absent)" in result.stderr + result.stdout
 
 
@@ -340,13 +340,13 @@ def test_a_constraint_keeps_infeasible_trials_from_best_in_status_export_and_sum
     result = run_cli("run", study, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"best trial: {ranked[1].number} " in result.stdout, result.stdout
-    status = json.loads(run_cli("status", study, "--json", cwd=tmp_path).stdout)
+    status = json.loads(read_cli("status", study, "--json", cwd=tmp_path).stdout)
     assert {t["number"]: t["feasible"] for t in status["trials"]} == {
         ranked[0].number: False, ranked[1].number: True, ranked[2].number: True}
-    table = run_cli("status", study, cwd=tmp_path).stdout
+    table = read_cli("status", study, cwd=tmp_path).stdout
     starred = [line.split()[1] for line in table.splitlines() if line.startswith("*")]
     assert starred == [str(ranked[1].number)], table
-    assert run_cli("export", study, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
+    assert read_cli("export", study, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert [e["number"] for e in index["trials"]] == [ranked[1].number, ranked[2].number, ranked[0].number]
     assert [e["feasible"] for e in index["trials"]] == [True, True, False]
@@ -354,7 +354,7 @@ def test_a_constraint_keeps_infeasible_trials_from_best_in_status_export_and_sum
     by_number = {t.number: t for t in study_of(study).trials}
     assert by_number[ranked[0].number].constraints == {"0.val_loss": pytest.approx(threshold - ranked[0].value)}
     assert by_number[ranked[1].number].constraints["0.val_loss"] <= 0
-    assert "feasible" not in json.loads(run_cli("status", plain, "--json", cwd=tmp_path).stdout)["trials"][0]
+    assert "feasible" not in json.loads(read_cli("status", plain, "--json", cwd=tmp_path).stdout)["trials"][0]
 
 
 @pytest.mark.parametrize("constraint, key, words", [
