@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, Running, checkpoint_dir, cli_env, kill9, run_cli, snapshot, study_of, wait_for_checkpoint
+from conftest import (REPO, Running, checkpoint_dir, cli_env, kill9, read_cli, snapshot, study_of,
+                      wait_for_checkpoint)
+from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -121,9 +123,9 @@ def test_n_jobs_2_x_devices_2_on_4_devices_trains_on_disjoint_slots_and_equals_o
     assert overlapping, spans  # the two workers did train at the same time
     for a, b in overlapping:  # and trials that ran at the same time never shared a device
         assert not set(devices[a]) & set(devices[b]), (a, b, devices)
-    status = json.loads(run_cli("status", study, "--json", cwd=study.parent).stdout)
+    status = json.loads(read_cli("status", study, "--json", cwd=study.parent).stdout)
     assert {t["number"]: tuple(t["devices"]) for t in status["trials"]} == devices
-    assert "devices" in run_cli("status", study, cwd=study.parent).stdout.splitlines()[1]
+    assert "devices" in read_cli("status", study, cwd=study.parent).stdout.splitlines()[1]
     assert snapshot(study) == snapshot(reference)  # bit for bit as one process on cpu:0,cpu:1
 
 
@@ -133,22 +135,26 @@ def _run_jobs(study, n_jobs: str, env=FOUR, *extra: str) -> Running:
     return proc
 
 
-def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_one_process(write_study):
+def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_one_process(write_study, reference):
     from conftest import _loky_children
 
+    # Each process waits at its 3rd evaluation (step 7500, after its save at 5000) while `hold`
+    # exists (tests/trials/gated.py): the victim is killed mid-trial on any machine.
     settings = dict(n_trials=5, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
                     train={"steps": 20000, "eval_every": 2500}, checkpoint={"every_steps": 5000})
-    reference = write_study("reference.yaml", name="ref", **settings)
-    assert Running("run", reference, cwd=reference.parent, env=FOUR).finish() == 0
-    study = write_study(**settings)
+    study = write_study(trial="gated_digits", **settings)
+    write_trial(study.parent, "gated_digits", "gated", AT=3)
+    hold = study.parent / "hold"
+    hold.touch()
     proc = Running("run", study, "--n-jobs", "4", "--verbose", cwd=study.parent, env=FOUR)
     m = proc.wait_for(r"trial (\d+): on (cpu:[123])\n")  # a trial in a helper process (cpu:0 is this one's)
     number, slot = int(m.group(1)), m.group(2)
     victim = int(proc.wait_for(rf"worker process (\d+): devices {slot}\n").group(1))
-    wait_for_checkpoint(checkpoint_dir(study, number), 5000)  # mid-trial: 15,000 steps to go
+    wait_for_checkpoint(checkpoint_dir(study, number), 5000, proc=proc)
     assert victim in _loky_children(proc.proc.pid)
     mark = len(proc.lines)
     os.kill(victim, signal.SIGKILL)
+    hold.unlink()
     assert proc.finish() == 0, proc.stderr
     after = "".join(proc.lines[mark:])
     assert "a worker process died" in after
@@ -157,7 +163,7 @@ def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_on
     assert replacement and int(replacement.group(1)) != victim, after
     assert f"trial {number}: resumed from step" in after
     assert {d for t in study_of(study).trials for d in t.user_attrs["devices"]} <= {f"cpu:{i}" for i in range(4)}
-    assert snapshot(study) == snapshot(reference)
+    assert snapshot(study) == reference(**settings)  # one process on one device: the same numbers
 
 
 def test_trials_per_device_2_packs_n_jobs_auto_4_workers_on_2_devices(write_study):

@@ -36,10 +36,10 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     for node in nodes:
         node.mkdir()
 
-    # Node 0 is held at its first evaluation after a step >= 4000 is committed locally (tests/trials/
-    # gated.py): it cannot finish the trial before the step is in the bucket, however slow the
-    # uploads (a niced thread) on a loaded machine; node 1, started elsewhere, is never held.
-    write_trial(nodes[0], "gated_digits", "gated", AFTER=4000)
+    # Node 0 is held at its 5th evaluation (step 5000), after its step 4000 (tests/trials/gated.py):
+    # it cannot finish the trial before that step is in the bucket, however slow the uploads (a
+    # niced thread) on a loaded machine; node 1, started elsewhere, is never held.
+    write_trial(nodes[0], "gated_digits", "gated", AT=5)
     (nodes[0] / "hold").touch()
     write_trial(nodes[1], "gated_digits", "gated")
 

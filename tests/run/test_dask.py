@@ -33,32 +33,25 @@ def cluster():
             yield local.scheduler_address, set(client.run(os.getpid).values())
 
 
-def test_dask_backend_runs_trials_on_the_cluster_and_equals_one_process(write_study, reference, cluster):
-    address, worker_pids = cluster
-    study = write_study(trial="pid_trial", parallel={"n_jobs": 2, "backend": "dask", "address": address},
-                        **SETTINGS)
-    write_trial(study.parent, "pid_trial", "digits_recording", LOG="pids.txt")
-    result = run_cli("run", study, cwd=study.parent)
-    assert result.returncode == 0, result.stderr
-    assert f"running 2 workers on the Dask cluster at {address}" in result.stderr
-    assert "study t: 4/4 trials finished (4 complete" in result.stdout
-    pids = trained_pids(study.parent)
-    assert pids and pids <= worker_pids, (pids, worker_pids)  # no trial ran in the CLI's process
-    assert snapshot(study) == reference(**SETTINGS)  # random sampler: params and values bit for bit
-
-
 def test_dask_backend_sigterm_checkpoints_on_the_cluster_and_resumes(write_study, reference, cluster):
     address, _ = cluster
-    # Long trials (a digits step is ~33 us): trial 0 cannot end before the stop reaches it.
-    settings = dict(SETTINGS, n_trials=2, train={"steps": 100000, "eval_every": 5000},
-                    checkpoint={"every_steps": 10000})
-    study = write_study(parallel={"n_jobs": 2, "backend": "dask", "address": address}, **settings)
+    # Each worker waits at its 3rd evaluation (step 3000, after its save at 2000) while `hold`
+    # exists (tests/trials/gated.py; an absolute path: the cluster's workers run elsewhere), so
+    # trial 0 cannot end before the stop reaches it, on any machine.
+    settings = dict(SETTINGS, n_trials=2, train={"steps": 20000, "eval_every": 1000},
+                    checkpoint={"every_steps": 2000})
+    study = write_study(trial="gated_dask", parallel={"n_jobs": 2, "backend": "dask", "address": address},
+                        **settings)
+    hold = study.parent / "hold"
+    write_trial(study.parent, "gated_dask", "gated", AT=3, HOLD=str(hold))
+    hold.touch()
     proc = Running("run", study, cwd=study.parent)
-    wait_for_checkpoint(checkpoint_dir(study, 0), 10000)
+    wait_for_checkpoint(checkpoint_dir(study, 0), 2000, proc=proc)
     proc.signal(signal.SIGTERM)
+    hold.unlink()
     assert proc.finish(timeout=120) == 143, proc.stderr
     steps = [int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit()]
-    assert steps and max(steps) < 100000  # stopped mid-trial, on the cluster, with a checkpoint
+    assert steps and max(steps) < 20000  # stopped mid-trial, on the cluster, with a checkpoint
     again = run_cli("run", study, cwd=study.parent)
     assert again.returncode == 0, again.stderr
     assert "study t: 2/2 trials finished" in again.stdout
@@ -77,9 +70,11 @@ def test_dask_backend_unreachable_scheduler_is_a_clear_error(write_study):
     assert not Path(study.parent / "runs").exists()  # nothing written before the cluster answered
 
 
-def test_dask_workers_with_device_resources_each_run_one_sweep_worker(write_study, reference):
+def test_dask_backend_runs_trials_on_the_cluster_one_worker_per_device_and_equals_one_process(write_study, reference):
     # Two Dask workers of two threads, each with one "device" (dask-cuda's one worker per GPU, here
     # on CPUs): resources {device: 1} put the two sweep workers on two Dask workers, never two on one.
+    # Every step is trained by the cluster's workers (none in the CLI's process), and the study
+    # equals one process's bit for bit (random sampler: params and values).
     with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
                                   silence_logs=40, resources={"device": 1}) as local:
         with distributed.Client(local) as client:
@@ -90,8 +85,9 @@ def test_dask_workers_with_device_resources_each_run_one_sweep_worker(write_stud
         write_trial(study.parent, "pid_trial", "digits_recording", LOG="pids.txt")
         result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
-    assert "running 2 workers on the Dask cluster at" in result.stderr
+    assert f"running 2 workers on the Dask cluster at {local.scheduler_address}" in result.stderr
     assert "each with resources {'device': 1.0}" in result.stderr
+    assert "study t: 4/4 trials finished (4 complete" in result.stdout
     pids = trained_pids(study.parent)
     assert pids == worker_pids, (pids, worker_pids)  # both Dask workers trained: one sweep worker each
     assert all(t.user_attrs["devices"] == ["cpu:0"] for t in study_of(study).trials)

@@ -74,29 +74,32 @@ def test_n_jobs_2_parent_killed_then_rerun_equals_one_process(write_study, refer
 def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_study):
     # This process trains one trial and a loky worker the other: SIGTERM to this process alone
     # must checkpoint both mid-trial (the worker gets it forwarded) and exit 143 within the grace.
-    # Trials are long (a digits step is ~33 us), so neither ends before the other's first save.
+    # Each process waits at its 3rd evaluation (step 3000, after its save at 2000) while `hold`
+    # exists (tests/trials/gated.py), so neither trial can end before the signal, on any machine.
     # (Equality with one process is the parent-kill test's.)
     import signal
 
     from conftest import Running, checkpoint_dir, wait_for_checkpoint
 
-    # Saves every 20000 steps, not 4000: a save outlasts 4000 steps, so the rerun, which trains
-    # both trials to the end, spent most of its time writing checkpoints.
-    steps = 200000
-    study = write_study(n_trials=2, sampler={"type": "random", "seed": 8}, pruner={"type": "none"},
-                        train={"steps": steps, "eval_every": 2000},
-                        checkpoint={"every_steps": 20000, "grace_seconds": 15})
+    steps = 20000
+    study = write_study(trial="gated_digits", n_trials=2, sampler={"type": "random", "seed": 8},
+                        pruner={"type": "none"}, train={"steps": steps, "eval_every": 1000},
+                        checkpoint={"every_steps": 2000, "grace_seconds": 15})
+    write_trial(study.parent, "gated_digits", "gated", AT=3)
+    hold = study.parent / "hold"
+    hold.touch()
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):
-        wait_for_checkpoint(checkpoint_dir(study, number), 20000)
+        wait_for_checkpoint(checkpoint_dir(study, number), 2000, proc=proc)
     proc.signal(signal.SIGTERM)
+    hold.unlink()  # both go on to the stop the signal asked for
     assert proc.finish(timeout=60) == 143, proc.stderr
     stopped = {}
     for number in (0, 1):
         m = re.search(rf"trial {number}: stopped at step (\d+); checkpoint saved", proc.stderr)
         assert m, proc.stderr
         stopped[number] = int(m.group(1))
-        assert 20000 <= stopped[number] < steps
+        assert 2000 <= stopped[number] < steps
         assert max(int(p.name) for p in checkpoint_dir(study, number).iterdir() if p.name.isdigit()) == stopped[number]
     again = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     assert again.finish() == 0, again.stderr
@@ -105,8 +108,6 @@ def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_
     trials = study_of(study).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
     assert [t.user_attrs["last_step"] for t in trials] == [steps, steps]
-
-
 
 
 def _alive(pid: int) -> bool:
@@ -125,21 +126,26 @@ def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_s
 
     from conftest import Running, checkpoint_dir, snapshot, wait_for_checkpoint
 
-    # Two long trials side by side: when both have a checkpoint, the worker is mid-trial.
+    # Two trials side by side, each process held at its 3rd evaluation (step 3000, after its save
+    # at 2000) while `hold` exists (tests/trials/gated.py): the worker is killed mid-trial.
     settings = dict(n_trials=2, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
-                    train={"steps": 100000, "eval_every": 5000}, checkpoint={"every_steps": 10000})
-    study = write_study(**settings)
+                    train={"steps": 20000, "eval_every": 1000}, checkpoint={"every_steps": 2000})
+    study = write_study(trial="gated_digits", **settings)
+    write_trial(study.parent, "gated_digits", "gated", AT=3)
+    hold = study.parent / "hold"
+    hold.touch()
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):
-        wait_for_checkpoint(checkpoint_dir(study, number), 10000)
+        wait_for_checkpoint(checkpoint_dir(study, number), 2000, proc=proc)
     workers = _loky_children(proc.proc.pid)
     assert len(workers) == 1, workers  # n_jobs 2 = this process + one loky worker
     os.kill(workers[0], signal.SIGKILL)
+    hold.unlink()
     assert proc.finish() == 0, proc.stderr
     assert "a worker process died" in proc.stderr
     assert re.search(r"trial [01]: resumed from step [1-9]", proc.stderr), proc.stderr
     assert "study t: 2/2 trials finished" in proc.stdout
-    assert snapshot(study) == reference(**settings)
+    assert snapshot(study) == reference(**settings)  # trials.digits_mlp: the same numbers
 
 
 def test_n_jobs_2_processes_train_on_disjoint_shares_of_the_cores(write_study):
