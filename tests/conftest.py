@@ -58,6 +58,21 @@ def _postgres_turns(request: pytest.FixtureRequest) -> Any:
         yield
 
 
+# Files of a minute or more of tests, collected first: pytest-xdist's loadfile hands files out in
+# collection order, so the run ends on short files rather than one long file with a core idle (the
+# chaos scenario, last in name order, ran alone for its last minute). The chaos scenario first: it
+# holds PostgreSQL exclusively (restarts_postgres), and the files after it on the other process
+# use no PostgreSQL.
+_HEAVY_FIRST = ("tests/run/test_chaos.py", "tests/host/test_devices.py", "tests/run/test_dask.py",
+                "tests/run/test_resume.py", "tests/schedulers/test_pbt.py", "tests/study/test_search.py",
+                "tests/store/test_postgres.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest in name order
+
+
 @pytest.fixture
 def seed(request: pytest.FixtureRequest) -> int:
     """The seed of a test's random moments (when to kill, which step to damage): SWEEP_TEST_SEED if
@@ -182,16 +197,18 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def read_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m sweep ARGS` of a reading command (status, plan, export, plot) through `main()` in
-    this process, with `cwd` as the current directory and `env` set meanwhile: the exit code,
-    stdout and stderr that `run_cli` gives, without a process start (~2-4 s each: imports and the
-    trial module's). For tests where no process boundary is the point; each command's own tests
-    (tests/commands/) run it as a process."""
+def cli_here(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m sweep ARGS` through `main()` in this process, with `cwd` as the current directory and
+    `env` set meanwhile: the exit code, stdout and stderr that `run_cli` gives, without a process
+    start (~2-4 s each: imports and the trial module's). For the reading commands (status, plan,
+    export, plot), and for `run` where it must refuse before anything starts (exit 2), in tests
+    where no process boundary is the point; each command's own tests (tests/commands/, the
+    signal and kill tests) run it as a process. Trial modules are imported once per process: only
+    for studies whose trial module no other test of the run writes differently under its name."""
     import contextlib
     import io
 
-    assert args and args[0] in ("status", "plan", "export", "plot"), args
+    assert args and args[0] in ("status", "plan", "export", "plot", "run"), args
     out, err = io.StringIO(), io.StringIO()
     extra = {**({"SWEEP_COMPILATION_CACHE": str(_SHARED_CACHE[0])} if _SHARED_CACHE else {}), **(env or {})}
     saved = {k: os.environ.get(k) for k in extra}
@@ -390,12 +407,13 @@ def snapshot(study: Path | dict[str, Any]) -> list[tuple[Any, ...]]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[tuple[Any, ...]]]:
     """reference(**overrides) -> snapshot of an uninterrupted run of BASE_STUDY + overrides, made once
     for the whole test run: the suite's processes (-n 2) share each snapshot through a file in the
-    run's common temp folder, the first to need it making it under a file lock."""
-    cache: dict[str, list[tuple[Any, ...]]] = {}
+    run's common temp folder, the first to need it making it under a file lock.
+    reference.run(**overrides) -> (its study file, the run's stdout), to read, never to write."""
+    cache: dict[str, tuple[list[tuple[Any, ...]], Path, str]] = {}
     shared = _run_folder(tmp_path_factory) / "references"
     shared.mkdir(exist_ok=True)
 
-    def get(**override: Any) -> list[tuple[Any, ...]]:
+    def made(override: dict[str, Any]) -> tuple[list[tuple[Any, ...]], Path, str]:
         key = repr(sorted(override.items()))
         if key not in cache:
             stored = shared / f"{zlib.crc32(key.encode()):08x}.pickle"
@@ -412,11 +430,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[tu
                     path.write_text(yaml.safe_dump(data, sort_keys=False))
                     result = run_cli("run", path, cwd=d)
                     assert result.returncode == 0, result.stderr
-                    cache[key] = snapshot(path)
+                    cache[key] = (snapshot(path), path, result.stdout)
                     stored.with_suffix(".tmp").write_bytes(pickle.dumps((key, cache[key])))
                     os.replace(stored.with_suffix(".tmp"), stored)
         return cache[key]
 
+    def get(**override: Any) -> list[tuple[Any, ...]]:
+        return made(override)[0]
+
+    def run(**override: Any) -> tuple[Path, str]:
+        """The reference's study file and the stdout of its run: for reading only (other tests share it)."""
+        return made(override)[1:]
+
+    get.run = run  # type: ignore[attr-defined]
     return get
 
 

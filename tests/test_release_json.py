@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import REPO, _conforms, cli_env
+from conftest import REPO, _conforms, cli_env, cli_here
 
 pytestmark = pytest.mark.slow  # real CLI runs of two versions of sweep
 
@@ -60,8 +60,11 @@ def _outputs(folder: Path, pythonpath: str | None = None) -> dict[str, Any]:
         env["PYTHONPATH"] = pythonpath
 
     def cli(*args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "sweep", *args], cwd=folder, env=env, capture_output=True,
-                                text=True, timeout=600)
+        if pythonpath is None and args[0] != "run":  # this version's readers: through main() in this process
+            result = cli_here(*args, cwd=folder)
+        else:
+            result = subprocess.run([sys.executable, "-m", "sweep", *args], cwd=folder, env=env, capture_output=True,
+                                    text=True, timeout=600)
         assert result.returncode == 0, result.stderr
         return result.stdout
     cli("run", "study.yaml")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import checkpoint_dir, cli, kill9, read_cli, run_cli, Running, snapshot, study_of
+from conftest import checkpoint_dir, cli, kill9, cli_here, run_cli, Running, snapshot, study_of
 from sweep.words import numbered
 
 MIRROR = "tests.checkpoints.mirror_tier:MirrorTier"
@@ -63,7 +63,7 @@ def test_a_tier_from_the_test_folder_commits_and_a_trial_is_taken_over_from_it(w
     for number in (1, 2, 3):
         local = sorted(int(p.name) for p in checkpoint_dir(study, number).iterdir() if p.name.isdigit())
         assert mirrored(mirror, f"trial_{number:04d}") == local
-    shown = json.loads(read_cli("status", study, "--json", cwd=study.parent).stdout)
+    shown = json.loads(cli_here("status", study, "--json", cwd=study.parent).stdout)
     assert [t["remote_step"] for t in shown["trials"]] == [mirrored(mirror, f"trial_{n:04d}")[-1] for n in range(4)]
 
 

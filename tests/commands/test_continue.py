@@ -111,7 +111,7 @@ def test_cli_continue_killed_and_rerun_equals_a_longer_study(write_study, refere
 
     import yaml
 
-    from conftest import Running, kill9, read_cli, run_cli, study_of, wait_for_checkpoint
+    from conftest import Running, kill9, cli_here, run_cli, study_of, wait_for_checkpoint
     from conftest import snapshot as cli_snapshot
 
     study = write_study(n_trials=2, pruner={"type": "none"})
@@ -141,14 +141,14 @@ def test_cli_continue_killed_and_rerun_equals_a_longer_study(write_study, refere
     assert [tr.user_attrs["last_step"] for tr in study_of(study).trials] == [600, 600]  # the study is untouched
     assert cli_snapshot(study)[1][4] == dict(sorted(study_of(study).trials[1].intermediate_values.items()))
 
-    shown = json.loads(read_cli("status", study, "--continued", "2400", "--json", cwd=study.parent).stdout)
+    shown = json.loads(cli_here("status", study, "--continued", "2400", "--json", cwd=study.parent).stdout)
     assert [(e["number"], e["state"], e["last_step"]) for e in shown["trials"]] == [(0, "COMPLETE", 2400)]
-    assert "continued to 2400 steps: study t.continued-2400" in read_cli("status", study, cwd=study.parent).stdout
+    assert "continued to 2400 steps: study t.continued-2400" in cli_here("status", study, cwd=study.parent).stdout
     out = tmp_path / "out"
-    exported = read_cli("export", study, "--continued", "2400", "--out", str(out), cwd=study.parent)
+    exported = cli_here("export", study, "--continued", "2400", "--out", str(out), cwd=study.parent)
     assert exported.returncode == 0, exported.stderr
     assert json.loads((out / "index.json").read_text())["trials"][0]["last_step"] == 2400
-    refused = read_cli("status", study, "--continued", "999", cwd=study.parent)
+    refused = cli_here("status", study, "--continued", "999", cwd=study.parent)
     assert refused.returncode == 1 and "has no trials continued to 999 steps" in refused.stderr
 
 

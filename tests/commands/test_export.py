@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli, cli_env, kill9, kill_mid_trial, read_cli, run_cli, Running, study_of
+from conftest import cli, cli_env, kill9, kill_mid_trial, cli_here, run_cli, Running, study_of
 from sweep.checkpoints.folder import TrialCheckpoints
 from sweep.commands.best import _jitted
 from sweep.study import config as config_lib
@@ -58,7 +58,7 @@ def _check_export(study: Path, out: Path) -> dict:
 def test_export_after_a_killed_and_resumed_study(write_study, tmp_path):
     study = write_study()
     kill_mid_trial(study, 1, 200)
-    partial = read_cli("export", study, "--out", tmp_path / "partial")
+    partial = cli_here("export", study, "--out", tmp_path / "partial")
     assert partial.returncode == 0, partial.stderr  # exports what is finished so far
     assert [e["number"] for e in json.loads((tmp_path / "partial" / "index.json").read_text())["trials"]] == \
         ([0] if study_of(study).trials[0].state.name == "COMPLETE" else [])
@@ -69,7 +69,7 @@ def test_export_after_a_killed_and_resumed_study(write_study, tmp_path):
     index = _check_export(study, out)
     assert index["study"] == "t" and index["metric"] == "val_loss" and index["direction"] == "minimize"
     first = _files(out)
-    assert read_cli("export", study, "--out", out).returncode == 0
+    assert cli_here("export", study, "--out", out).returncode == 0
     assert _files(out) == first  # byte-identical re-export
 
     # The safetensors file needs neither sweep nor JAX to load.
@@ -82,10 +82,10 @@ def test_export_after_a_killed_and_resumed_study(write_study, tmp_path):
 
     # --trial N and --include-pruned
     single = tmp_path / "single"
-    assert read_cli("export", study, "--out", single, "--trial", str(entry["number"])).returncode == 0
+    assert cli_here("export", study, "--out", single, "--trial", str(entry["number"])).returncode == 0
     assert [e["number"] for e in json.loads((single / "index.json").read_text())["trials"]] == [entry["number"]]
     everything = tmp_path / "all"
-    assert read_cli("export", study, "--out", everything, "--include-pruned").returncode == 0
+    assert cli_here("export", study, "--out", everything, "--include-pruned").returncode == 0
     exported = {e["number"]: e["state"] for e in json.loads((everything / "index.json").read_text())["trials"]}
     assert exported == {t.number: t.state.name for t in study_of(study).trials}
 
@@ -98,7 +98,7 @@ def test_exported_params_are_the_best_step_not_the_last(write_study, tmp_path):
                         checkpoint={"every_steps": 500, "keep_last": 1, "keep_best": 1})
     assert run_cli("run", study, cwd=study.parent).returncode == 0
     out = tmp_path / "export"
-    assert read_cli("export", study, "--out", out).returncode == 0
+    assert cli_here("export", study, "--out", out).returncode == 0
     entry = _check_export(study, out)["trials"][0]
     assert entry["best_step"] < entry["last_step"] == 1500
     trial = study_of(study).trials[0]
@@ -117,7 +117,7 @@ def test_exported_params_are_the_best_step_not_the_last(write_study, tmp_path):
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         path.write_bytes(bytes(raw))
-    damaged = read_cli("export", study, "--out", tmp_path / "again")
+    damaged = cli_here("export", study, "--out", tmp_path / "again")
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
     assert f"trial 0: its best checkpoint (step {entry['best_step']}) is damaged" in damaged.stderr
 
@@ -204,7 +204,7 @@ def test_export_and_load_best_need_no_training_data(write_study, tmp_path):
     (study.parent / "data_here_only.py").write_text(DATA_HERE_ONLY)
     assert run_cli("run", study, cwd=study.parent).returncode == 0
     (study.parent / "no_training_data").touch()  # an inference machine: data() now raises
-    result = read_cli("export", study, "--out", tmp_path / "out", cwd=study.parent)
+    result = cli_here("export", study, "--out", tmp_path / "out", cwd=study.parent)
     assert result.returncode == 0, result.stderr
     params, meta = __import__("sweep").load_export(tmp_path / "out")
     assert params["Dense_0"]["kernel"].shape[0] == 64 and meta["trial_module"] == "data_here_only"

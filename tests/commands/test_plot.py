@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import kill_mid_trial, read_cli, run_cli, study_of
+from conftest import kill_mid_trial, cli_here, run_cli, study_of
 from sweep.commands.plot import markers
 from sweep.study import config as config_lib
 
@@ -53,7 +53,7 @@ def test_plot_marks_resume_steps_of_pruned_and_resumed_trials(write_study, tmp_p
     assert resumed_at == max(kept)
     trials = {t.number: t for t in study_of(study).trials}
     assert any(t.state.name == "PRUNED" for t in trials.values())
-    assert read_cli("plot", study, "--out", tmp_path / "p", cwd=study.parent).returncode == 0
+    assert cli_here("plot", study, "--out", tmp_path / "p", cwd=study.parent).returncode == 0
     config = config_lib.load(study)
     marks = markers(config, trials[3])
     assert marks["resumed"] == [resumed_at]
@@ -68,7 +68,7 @@ def test_plot_marks_resume_steps_of_pruned_and_resumed_trials(write_study, tmp_p
 
 def test_plot_of_a_missing_study_is_a_clear_error(write_study, tmp_path):
     study = write_study()
-    result = read_cli("plot", study, "--out", tmp_path / "p", cwd=study.parent)
+    result = cli_here("plot", study, "--out", tmp_path / "p", cwd=study.parent)
     assert result.returncode == 1
     assert "not found" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "p").exists()

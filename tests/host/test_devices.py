@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (REPO, Running, checkpoint_dir, cli_env, kill9, read_cli, snapshot, study_of,
+from conftest import (REPO, Running, checkpoint_dir, cli_env, kill9, cli_here, snapshot, study_of,
                       wait_for_checkpoint)
 from tests.trials.files import write_trial
 
@@ -123,9 +123,9 @@ def test_n_jobs_2_x_devices_2_on_4_devices_trains_on_disjoint_slots_and_equals_o
     assert overlapping, spans  # the two workers did train at the same time
     for a, b in overlapping:  # and trials that ran at the same time never shared a device
         assert not set(devices[a]) & set(devices[b]), (a, b, devices)
-    status = json.loads(read_cli("status", study, "--json", cwd=study.parent).stdout)
+    status = json.loads(cli_here("status", study, "--json", cwd=study.parent).stdout)
     assert {t["number"]: tuple(t["devices"]) for t in status["trials"]} == devices
-    assert "devices" in read_cli("status", study, cwd=study.parent).stdout.splitlines()[1]
+    assert "devices" in cli_here("status", study, cwd=study.parent).stdout.splitlines()[1]
     assert snapshot(study) == snapshot(reference)  # bit for bit as one process on cpu:0,cpu:1
 
 

@@ -25,7 +25,7 @@ def test_each_fault_once_on_three_hosts_breaks_no_guarantee(tmp_path, postgres_u
     finally:
         sys.path.pop(0)
     assert set(ORDER) == set(chaos.KINDS)
-    report = chaos.campaign(tmp_path / "campaign", minutes=5.0, seed=seed, workers=3, n_trials=6, steps=60000,
+    report = chaos.campaign(tmp_path / "campaign", minutes=5.0, seed=seed, workers=3, n_trials=6, steps=24000,
                             storage=postgres_url, kinds=ORDER, say=lambda line: None, scenario=True)
     injected = [f["kind"] for f in report["faults"]]
     assert injected == [k for k in ORDER if k not in report["skipped_kinds"]], report["faults"]  # each once, in order

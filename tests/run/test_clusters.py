@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BASE_STUDY, BUCKET, Running, kill9, merge, read_cli, snapshot, tier_of, wait_for_checkpoint
+from conftest import BASE_STUDY, BUCKET, Running, kill9, merge, cli_here, snapshot, tier_of, wait_for_checkpoint
 from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
@@ -78,16 +78,16 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     third = tmp_path / "node2"
     third.mkdir()
     write_trial(third, "gated_digits", "gated")
-    exported = read_cli("export", study, "--out", third / "export", cwd=third)
+    exported = cli_here("export", study, "--out", third / "export", cwd=third)
     assert exported.returncode == 0, exported.stderr
     assert not (third / "runs" / "t" / "checkpoints").exists()  # nothing local: the bucket only
     index = json.loads((third / "export" / "index.json").read_text())
     assert sorted(e["number"] for e in index["trials"]) == [0, 1, 2]
-    assert read_cli("export", study, "--out", nodes[1] / "export", cwd=nodes[1]).returncode == 0
+    assert cli_here("export", study, "--out", nodes[1] / "export", cwd=nodes[1]).returncode == 0
     for n in range(3):
         name = f"trial_{n:04d}/params.safetensors"
         assert (third / "export" / name).read_bytes() == (nodes[1] / "export" / name).read_bytes()
-    shown = json.loads(read_cli("status", study, "--json", cwd=third).stdout)
+    shown = json.loads(cli_here("status", study, "--json", cwd=third).stdout)
     assert [t["remote_step"] for t in shown["trials"]] == [20000, 20000, 20000]
     from sweep.checkpoints import remote as remote_lib
     from sweep.commands.plot import markers

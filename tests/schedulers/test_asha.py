@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Running, refused, cache_env, interrupt_at_random, kill9, ran, run_cli, study_in, study_of
+from conftest import cache_env, cli_here, interrupt_at_random, kill9, ran, refused, run_cli, Running, study_in, study_of
 from sweep.__main__ import main
 
 # Rungs at 100 and 200 of 400 steps, eta 2: with 5 trials some stay paused, some go on. One
@@ -202,7 +202,7 @@ def test_asha_scheduler_edit_of_a_started_study_is_refused(uninterrupted, tmp_pa
     shutil.copytree(uninterrupted.parent, copy)
     path = _write(copy, scheduler={"type": "asha", "min_steps": 100, "reduction_factor": 3})
     before = (copy / "runs" / "study.db").read_bytes()
-    result = run_cli("run", path, cwd=copy)
+    result = cli_here("run", path, cwd=copy)
     assert result.returncode == 2, result.stderr
     assert "scheduler.reduction_factor" in result.stderr and "Traceback" not in result.stderr
     assert (copy / "runs" / "study.db").read_bytes() == before

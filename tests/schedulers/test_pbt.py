@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import cache_env, interrupt_at_random, ran, read_cli, refused, run_cli, Running, study_in, study_of
+from conftest import cache_env, interrupt_at_random, ran, cli_here, refused, run_cli, Running, study_in, study_of
 from sweep.__main__ import main
 
 # Two populations of 3 (trials 0-2, 3-5), pausing at 50, 100 and 150 of 200 steps: at each, the
@@ -103,16 +103,16 @@ def test_pbt_exploits_copy_a_better_member_and_perturb_its_floats(uninterrupted)
     assert len(exploits) == 6  # one per population at each of the 3 intervals
     assert resampled < len(exploits)  # resample_probability 0.25: most are perturbed
     # status --json and export carry the lineage; the export's hyperparameters are those in force
-    result = read_cli("status", uninterrupted, "--json", cwd=uninterrupted.parent)
+    result = cli_here("status", uninterrupted, "--json", cwd=uninterrupted.parent)
     status = {t["number"]: t for t in json.loads(result.stdout)["trials"]}
     assert all(status[t.number]["lineage"] == t.user_attrs.get("lineage", []) for t in trials)
     assert all(status[t.number]["params_in_force"] == t.user_attrs.get("pbt_params", t.params) for t in trials)
-    table = read_cli("status", uninterrupted, cwd=uninterrupted.parent).stdout
+    table = cli_here("status", uninterrupted, cwd=uninterrupted.parent).stdout
     last = trials[0].user_attrs["lineage"][-1] if trials[0].user_attrs.get("lineage") else None
     row = next(line for line in table.splitlines() if line.split()[:2] in (["0", "COMPLETE"], ["*", "0"]))
     assert "copied" in table and (f"trial {last['source']} at {last['step']}" in row if last else " - " in row), table
     out = uninterrupted.parent / "export"
-    assert read_cli("export", uninterrupted, "--out", out, cwd=uninterrupted.parent).returncode == 0
+    assert cli_here("export", uninterrupted, "--out", out, cwd=uninterrupted.parent).returncode == 0
     exploited = next(t for t in trials if t.user_attrs.get("lineage"))
     meta = json.loads((out / f"trial_{exploited.number:04d}" / "meta.json").read_text())
     assert meta["lineage"] == exploited.user_attrs["lineage"]

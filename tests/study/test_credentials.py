@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import PG_ADMIN_URL, TRIAL_SOURCE, Running, run_cli
+from conftest import PG_ADMIN_URL, TRIAL_SOURCE, Running, cli_here, run_cli
 from sweep.errors import ConfigError
 from sweep.study import config as config_lib
 from sweep.study import credentials
@@ -158,9 +158,11 @@ def test_a_password_from_the_environment_appears_in_no_output_file_or_row(tmp_pa
     run = Running("run", path, "--verbose", cwd=tmp_path, env=env)
     assert run.finish() == 0, run.stderr
     outputs += [run.stdout, run.stderr]
+    # The readers through main() in this process (what they print is the point, not a process start;
+    # the run above and the refusals below are processes).
     for args in (["status"], ["status", "--json"], ["plan"], ["export", "--out", tmp_path / "export"],
                  ["plot", "--out", tmp_path / "plots"]):
-        result = run_cli(*args, path, cwd=tmp_path, env=env)
+        result = cli_here(*args, path, cwd=tmp_path, env=env)
         assert result.returncode == 0, (args, result.stderr)
         outputs += [result.stdout, result.stderr]
     table, as_json, plan = outputs[2], outputs[4], outputs[6]

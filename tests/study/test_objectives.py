@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import sweep
-from conftest import BASE_STUDY, kill_mid_trial, read_cli, run_cli, study_of
+from conftest import BASE_STUDY, kill_mid_trial, cli_here, run_cli, study_of
 from sweep.commands.status import table
 from sweep.errors import ConfigError
 from sweep.study import config as config_lib
@@ -57,7 +57,7 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, m
     assert [d.name for d in optuna_study.directions] == ["MINIMIZE", "MINIMIZE"]
     assert all(not t.intermediate_values for t in optuna_study.trials)  # nothing reported per step
 
-    status = json.loads(read_cli("status", study, "--json", cwd=tmp_path).stdout)
+    status = json.loads(cli_here("status", study, "--json", cwd=tmp_path).stdout)
     assert status["objectives"] == TWO
     assert sorted(t["number"] for t in status["trials"] if t["pareto"]) == front
     for t, entry in zip(optuna_study.trials, status["trials"]):
@@ -66,7 +66,7 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, m
         assert entry["values"] == {k: entry["metrics"][k] for k in ("val_loss", "n_params")}
     assert f"Pareto front (*): {', '.join(map(str, front))}" in table(status)  # the table of `status`
 
-    exported = read_cli("export", study, "--out", tmp_path / "out", cwd=tmp_path)
+    exported = cli_here("export", study, "--out", tmp_path / "out", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert index["objectives"] == TWO
@@ -92,7 +92,7 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, m
 
     # `objectives` defines what the trials mean: an edit is refused with the diff, nothing changed.
     tiny_study(tmp_path, objectives=[TWO[0], {**TWO[1], "direction": "maximize"}])
-    refused = run_cli("run", study, cwd=tmp_path)
+    refused = cli_here("run", study, cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert "objectives:" in refused.stderr and '"maximize"' in refused.stderr
     assert len(study_of(study).trials) == 6
@@ -144,7 +144,7 @@ def test_objectives_bad_study_file(tmp_path, monkeypatch, override, key, words):
 def test_objectives_bad_input_exit_2(tmp_path, override, key, words):
     tiny_study(tmp_path, "never_run.yaml")
     study = tiny_study(tmp_path, **override)
-    result = run_cli("run", study, cwd=tmp_path)
+    result = cli_here("run", study, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"study.yaml: {key}: {words}" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()  # nothing written
@@ -192,8 +192,8 @@ def test_warm_start_changes_tpe_first_suggestion_without_training(tmp_path, monk
     assert run_cli("run", warm, cwd=tmp_path).returncode == 0
     trials = study_of(warm).trials
     assert sum("warm_start" in t.user_attrs for t in trials) == 4 and len(trials) == 6
-    status = json.loads(read_cli("status", warm, "--json", cwd=tmp_path).stdout)
+    status = json.loads(cli_here("status", warm, "--json", cwd=tmp_path).stdout)
     assert [t["number"] for t in status["trials"]] == [4, 5] and "2/2 trials finished" in table(status)
-    assert read_cli("export", warm, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
+    assert cli_here("export", warm, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert sorted(e["number"] for e in index["trials"]) == [4, 5]

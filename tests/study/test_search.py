@@ -11,7 +11,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import BASE_STUDY, kill_mid_trial, merge, read_cli, run_cli, snapshot, study_of
+from conftest import BASE_STUDY, kill_mid_trial, merge, cli_here, run_cli, snapshot, study_of
 
 FAST = {"train": {"steps": 200, "eval_every": 50}, "checkpoint": {"every_steps": 50}, "pruner": {"type": "none"}}
 
@@ -30,7 +30,7 @@ def test_trials_enqueued_through_optuna_run_and_count(write_study):
     optuna_study = optuna.load_study(study_name="t", storage=_storage(study))
     optuna_study.enqueue_trial({"learning_rate": 0.02, "hidden": 32})
     optuna_study.enqueue_trial({"learning_rate": 0.005, "hidden": 48})
-    plan = read_cli("plan", study, cwd=study.parent)
+    plan = cli_here("plan", study, cwd=study.parent)
     assert plan.returncode == 0, plan.stderr
     assert "waiting: trials 3-4" in plan.stdout, plan.stdout
     assert plan.stdout.splitlines()[-1] == "run would start 2 new trials"
@@ -78,7 +78,7 @@ def test_sampler_arguments_a_study_file_cannot_give_are_config_errors(tmp_path, 
 def test_a_string_for_a_function_exits_2_before_anything_is_created(write_study):
     study = write_study(sampler={"type": "tpe", "constraints_func": "mod:fn"}, **FAST)
     for command in ("run", "plan"):
-        result = run_cli(command, study, cwd=study.parent)
+        result = cli_here(command, study, cwd=study.parent)
         out = result.stderr + result.stdout
         assert result.returncode == 2, (command, out)
         assert "sampler.constraints_func" in out and "Traceback" not in out, out
@@ -88,7 +88,7 @@ def test_a_string_for_a_function_exits_2_before_anything_is_created(write_study)
 @pytest.mark.slow
 def test_pruner_argument_of_the_wrong_type_exits_2(write_study):
     study = write_study(**{**FAST, "pruner": {"type": "median", "n_warmup_steps": 1.5}})
-    result = run_cli("run", study, cwd=study.parent)
+    result = cli_here("run", study, cwd=study.parent)
     assert result.returncode == 2 and "pruner.n_warmup_steps" in result.stderr, result.stderr
 
 
@@ -109,7 +109,7 @@ def test_a_stored_argument_that_never_worked_may_be_dropped(write_study):
     assert result.returncode == 0, result.stderr
     # A usable argument stored and dropped is still a refused edit.
     optuna_study.set_user_attr(fingerprint.STUDY_ATTR, {**stored, "sampler.n_ei_candidates": 24})
-    result = read_cli("plan", study, cwd=study.parent)
+    result = cli_here("plan", study, cwd=study.parent)
     assert result.returncode == 2 and "sampler.n_ei_candidates: 24 -> (absent)" in result.stderr + result.stdout
 
 
@@ -206,7 +206,7 @@ def test_bad_conditions_and_enqueue_entries_are_config_errors(tmp_path, monkeypa
 def test_a_bad_condition_exits_2_through_the_cli(tmp_path):
     study = _beside(tmp_path, "bad", search_space=_space(
         b1={"type": "float", "low": 0.8, "high": 0.95, "when": {"optimiser": "adam"}}))
-    result = run_cli("run", study, cwd=study.parent)
+    result = cli_here("run", study, cwd=study.parent)
     assert result.returncode == 2 and "search_space.b1.when.optimiser" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (study.parent / "runs").exists()
 
@@ -340,13 +340,13 @@ def test_a_constraint_keeps_infeasible_trials_from_best_in_status_export_and_sum
     result = run_cli("run", study, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"best trial: {ranked[1].number} " in result.stdout, result.stdout
-    status = json.loads(read_cli("status", study, "--json", cwd=tmp_path).stdout)
+    status = json.loads(cli_here("status", study, "--json", cwd=tmp_path).stdout)
     assert {t["number"]: t["feasible"] for t in status["trials"]} == {
         ranked[0].number: False, ranked[1].number: True, ranked[2].number: True}
-    table = read_cli("status", study, cwd=tmp_path).stdout
+    table = cli_here("status", study, cwd=tmp_path).stdout
     starred = [line.split()[1] for line in table.splitlines() if line.startswith("*")]
     assert starred == [str(ranked[1].number)], table
-    assert read_cli("export", study, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
+    assert cli_here("export", study, "--out", tmp_path / "out", cwd=tmp_path).returncode == 0
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert [e["number"] for e in index["trials"]] == [ranked[1].number, ranked[2].number, ranked[0].number]
     assert [e["feasible"] for e in index["trials"]] == [True, True, False]
@@ -354,7 +354,7 @@ def test_a_constraint_keeps_infeasible_trials_from_best_in_status_export_and_sum
     by_number = {t.number: t for t in study_of(study).trials}
     assert by_number[ranked[0].number].constraints == {"0.val_loss": pytest.approx(threshold - ranked[0].value)}
     assert by_number[ranked[1].number].constraints["0.val_loss"] <= 0
-    assert "feasible" not in json.loads(read_cli("status", plain, "--json", cwd=tmp_path).stdout)["trials"][0]
+    assert "feasible" not in json.loads(cli_here("status", plain, "--json", cwd=tmp_path).stdout)["trials"][0]
 
 
 @pytest.mark.parametrize("constraint, key, words", [

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import kill_mid_trial, read_cli, run_cli, snapshot, study_of
+from conftest import kill_mid_trial, cli_here, run_cli, snapshot, study_of
 
 RESNET = {"name": "resnet", "trial": "trials.digits_resnet", "n_trials": 2, "pruner": {"type": "none"},
           "sampler": {"type": "random", "seed": 3},
@@ -58,7 +58,7 @@ def test_kill9_mid_trial_then_rerun_is_bit_identical(write_study, overrides):
 def _one_trial_exported(study: Path, out: Path) -> tuple[Path, Path]:
     """The study file, run to its end, and the folder `export` wrote it to."""
     assert run_cli("run", study, cwd=study.parent).returncode == 0
-    assert read_cli("export", study, "--out", out).returncode == 0
+    assert cli_here("export", study, "--out", out).returncode == 0
     return study, out
 
 
