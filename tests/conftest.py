@@ -61,8 +61,8 @@ def _postgres_turns(request: pytest.FixtureRequest) -> Any:
 # Files of a minute or more of tests, collected first: pytest-xdist's loadfile hands files out in
 # collection order, so the run ends on short files rather than one long file with a core idle (the
 # chaos scenario, last in name order, ran alone for its last minute). The chaos scenario first: it
-# holds PostgreSQL exclusively (restarts_postgres), and the files after it on the other process
-# use no PostgreSQL.
+# holds PostgreSQL exclusively (restarts_postgres), and the next files on the other process use
+# none (a PostgreSQL test there waits for it).
 _HEAVY_FIRST = ("tests/run/test_chaos.py", "tests/host/test_devices.py", "tests/run/test_dask.py",
                 "tests/run/test_resume.py", "tests/schedulers/test_pbt.py", "tests/study/test_search.py",
                 "tests/store/test_postgres.py")
@@ -144,6 +144,22 @@ def _unmarked_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
     monkeypatch.setattr(os, "fork", refuse)
+
+
+@pytest.fixture
+def held() -> Iterator[Callable[..., Path]]:
+    """held(path) -> path, a `hold` file of tests/trials/gated.py made now and removed at the test's
+    end however it ends, so that a failed test leaves no process held."""
+    made: list[Path] = []
+
+    def make(path: Path) -> Path:
+        path.touch()
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -269,13 +285,13 @@ class Running:
             self.times.append(time.monotonic())
             self.lines.append(line)
 
-    def wait_for(self, pattern: str, timeout: float = 300) -> re.Match[str]:
+    def wait_for(self, pattern: str, timeout: float = 300, count: int = 1) -> re.Match[str]:
+        """The first line matching `pattern`, once `count` lines match."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in list(self.lines):
-                m = re.search(pattern, line)
-                if m:
-                    return m
+            found = [m for m in map(lambda line: re.search(pattern, line), list(self.lines)) if m]
+            if len(found) >= count:
+                return found[0]
             if self.proc.poll() is not None and not self._reader.is_alive():
                 break
             time.sleep(0.01)
@@ -607,8 +623,9 @@ def _jax_cache_config_restored() -> Iterator[None]:
 
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
              "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches",
-             "jax_compilation_cache_max_size")
-    before = {name: getattr(jax.config, name) for name in names}
+             "jax_compilation_cache_max_size",
+             "jax_cpu_enable_async_dispatch")  # set by test trial modules imported here (tests/trials/gated.py)
+    before = {name: jax.config.values[name] for name in names}  # every flag, with or without a context manager
     yield
     compilation_cache.reset_cache()
     for name, value in before.items():

@@ -135,7 +135,8 @@ def _run_jobs(study, n_jobs: str, env=FOUR, *extra: str) -> Running:
     return proc
 
 
-def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_one_process(write_study, reference):
+def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_one_process(write_study, reference,
+                                                                                         held):
     from conftest import _loky_children
 
     # Each process waits at its 3rd evaluation (step 7500, after its save at 5000) while `hold`
@@ -144,8 +145,7 @@ def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_on
                     train={"steps": 20000, "eval_every": 2500}, checkpoint={"every_steps": 5000})
     study = write_study(trial="gated_digits", **settings)
     write_trial(study.parent, "gated_digits", "gated", AT=3)
-    hold = study.parent / "hold"
-    hold.touch()
+    hold = held(study.parent / "hold")
     proc = Running("run", study, "--n-jobs", "4", "--verbose", cwd=study.parent, env=FOUR)
     m = proc.wait_for(r"trial (\d+): on (cpu:[123])\n")  # a trial in a helper process (cpu:0 is this one's)
     number, slot = int(m.group(1)), m.group(2)

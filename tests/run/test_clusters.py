@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BASE_STUDY, BUCKET, Running, kill9, merge, cli_here, snapshot, tier_of, wait_for_checkpoint
+from conftest import (BASE_STUDY, BUCKET, Running, cli_here, kill9, merge, run_cli, snapshot, tier_of,
+                      wait_for_checkpoint)
 from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
 
 def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_taken_over(
-        tmp_path, postgres_url, s3_server, reference, monkeypatch):  # noqa: F811
+        tmp_path, postgres_url, s3_server, reference, monkeypatch, held):  # noqa: F811
     """Node 0 is killed mid-trial, right after its step reached the bucket, and its disk is wiped;
     node 1, with its own empty workdir, takes the trial over from the bucket after the lease grace;
     the study equals an uninterrupted one; a third folder exports reading only the bucket."""
@@ -40,8 +41,8 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     # it cannot finish the trial before that step is in the bucket, however slow the uploads (a
     # niced thread) on a loaded machine; node 1, started elsewhere, is never held.
     write_trial(nodes[0], "gated_digits", "gated", AT=5)
-    (nodes[0] / "hold").touch()
-    write_trial(nodes[1], "gated_digits", "gated")
+    held(nodes[0] / "hold")
+    write_trial(nodes[1], "gated_digits", "gated", AT=5)  # the same code on every node
 
     def node_run(i: int) -> Running:
         return Running("run", study, "--n-jobs", "auto", cwd=nodes[i], env={"SWEEP_HOST": f"node-{i}"})
@@ -77,13 +78,13 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     # byte; status says each trial's newest step there; plot marks the steps the bucket keeps.
     third = tmp_path / "node2"
     third.mkdir()
-    write_trial(third, "gated_digits", "gated")
+    write_trial(third, "gated_digits", "gated", AT=5)
     exported = cli_here("export", study, "--out", third / "export", cwd=third)
     assert exported.returncode == 0, exported.stderr
     assert not (third / "runs" / "t" / "checkpoints").exists()  # nothing local: the bucket only
     index = json.loads((third / "export" / "index.json").read_text())
     assert sorted(e["number"] for e in index["trials"]) == [0, 1, 2]
-    assert cli_here("export", study, "--out", nodes[1] / "export", cwd=nodes[1]).returncode == 0
+    assert run_cli("export", study, "--out", nodes[1] / "export", cwd=nodes[1]).returncode == 0  # another process
     for n in range(3):
         name = f"trial_{n:04d}/params.safetensors"
         assert (third / "export" / name).read_bytes() == (nodes[1] / "export" / name).read_bytes()

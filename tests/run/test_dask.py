@@ -33,7 +33,7 @@ def cluster():
             yield local.scheduler_address, set(client.run(os.getpid).values())
 
 
-def test_dask_backend_sigterm_checkpoints_on_the_cluster_and_resumes(write_study, reference, cluster):
+def test_dask_backend_sigterm_checkpoints_on_the_cluster_and_resumes(write_study, reference, cluster, held):
     address, _ = cluster
     # Each worker waits at its 3rd evaluation (step 3000, after its save at 2000) while `hold`
     # exists (tests/trials/gated.py; an absolute path: the cluster's workers run elsewhere), so
@@ -42,12 +42,14 @@ def test_dask_backend_sigterm_checkpoints_on_the_cluster_and_resumes(write_study
                     checkpoint={"every_steps": 2000})
     study = write_study(trial="gated_dask", parallel={"n_jobs": 2, "backend": "dask", "address": address},
                         **settings)
-    hold = study.parent / "hold"
+    hold = held(study.parent / "hold")
     write_trial(study.parent, "gated_dask", "gated", AT=3, HOLD=str(hold))
-    hold.touch()
     proc = Running("run", study, cwd=study.parent)
     wait_for_checkpoint(checkpoint_dir(study, 0), 2000, proc=proc)
     proc.signal(signal.SIGTERM)
+    # Released once the run took the signal (it forwards it to the workers through a
+    # distributed.Event within 0.1 s; a released worker has 17 windows and 8 saves to go).
+    proc.wait_for(r"signal 15 received")
     hold.unlink()
     assert proc.finish(timeout=120) == 143, proc.stderr
     steps = [int(p.name) for p in checkpoint_dir(study, 0).iterdir() if p.name.isdigit()]

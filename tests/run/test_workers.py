@@ -71,7 +71,7 @@ def test_n_jobs_2_parent_killed_then_rerun_equals_one_process(write_study, refer
     assert snapshot(study) == reference(**settings)  # params and values as with one process
 
 
-def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_study):
+def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_study, held):
     # This process trains one trial and a loky worker the other: SIGTERM to this process alone
     # must checkpoint both mid-trial (the worker gets it forwarded) and exit 143 within the grace.
     # Each process waits at its 3rd evaluation (step 3000, after its save at 2000) while `hold`
@@ -86,13 +86,16 @@ def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_
                         pruner={"type": "none"}, train={"steps": steps, "eval_every": 1000},
                         checkpoint={"every_steps": 2000, "grace_seconds": 15})
     write_trial(study.parent, "gated_digits", "gated", AT=3)
-    hold = study.parent / "hold"
-    hold.touch()
+    hold = held(study.parent / "hold")
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):
         wait_for_checkpoint(checkpoint_dir(study, number), 2000, proc=proc)
     proc.signal(signal.SIGTERM)
-    hold.unlink()  # both go on to the stop the signal asked for
+    # This process goes on to its stop, then forwards the signal to the helper, still held; once
+    # the helper says it took the signal (each process does), it goes on to its stop too.
+    (study.parent / f"hold.{proc.proc.pid}").touch()
+    proc.wait_for(r"signal 15 received", count=2)
+    hold.unlink()
     assert proc.finish(timeout=60) == 143, proc.stderr
     stopped = {}
     for number in (0, 1):
@@ -120,7 +123,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_study, reference):
+def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_study, reference, held):
     import os
     import signal
 
@@ -132,8 +135,7 @@ def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_s
                     train={"steps": 20000, "eval_every": 1000}, checkpoint={"every_steps": 2000})
     study = write_study(trial="gated_digits", **settings)
     write_trial(study.parent, "gated_digits", "gated", AT=3)
-    hold = study.parent / "hold"
-    hold.touch()
+    hold = held(study.parent / "hold")
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):
         wait_for_checkpoint(checkpoint_dir(study, number), 2000, proc=proc)

@@ -3,10 +3,11 @@ waits at its AT-th evaluation (and at every later one) until HOLD is removed. A 
 before that evaluation knows each process is held mid-trial with a committed step: it cannot
 finish the trial before the test has seen what it waits for (a step in the bucket, a step of
 every trial) and killed or signalled it, however slow or loaded the machine. Removing HOLD lets
-the trials go on (after a SIGTERM: to their stop). Numbers are those of trials.digits_mlp: the
+the trials go on (after a SIGTERM: to their stop); a file HOLD.<pid> lets that process alone go on. Numbers are those of trials.digits_mlp: the
 wait is a host callback that returns nothing. A relative HOLD is the current directory's, so a
 process started elsewhere (another "node") is never held."""
 
+import os
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ _evaluations = [0]  # of this process, run (not traced)
 
 def _wait() -> None:
     _evaluations[0] += 1
-    while _evaluations[0] >= AT and Path(HOLD).exists():
+    while _evaluations[0] >= AT and Path(HOLD).exists() and not Path(f"{HOLD}.{os.getpid()}").exists():
         time.sleep(0.05)
 
 
