@@ -18,16 +18,17 @@ __all__ = ["CheckpointsRemoved", "ConfigError", "DiskFault", "Interrupted", "Loa
            "StudySession", "SweepError", "UsageError", "epoch_batch", "load_best", "load_export", "load_variables", "open"]
 
 
-def open(study: Any) -> StudySession:  # noqa: A001 (like io.open)
+def open(study: Any, *, import_trial: bool = True) -> StudySession:  # noqa: A001 (like io.open)
     """Validate a study (a study file's path, or its keys as a dict) and return its `StudySession`:
-    `run()`, `status()`, `export(out)`, `plot(out)`, `load_best()`, `summary()`.
+    `run()`, `status()`, `export(out)`, `plot(out)`, `load_best()`, `summary()`. `import_trial=False`:
+    the trial module is imported only where a method needs it (`status()` and `plot()` never do).
 
     Raises:
         ConfigError: the study breaks a rule of the study file.
     """
     from sweep.api import open as _open
 
-    return _open(study)
+    return _open(study, import_trial=import_trial)
 
 
 def load_export(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -8,7 +8,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING
 
-from sweep.errors import Interrupted, SweepError, UsageError
+from sweep.errors import Interrupted, SweepError, UsageError, one_line
 
 if TYPE_CHECKING:
     from sweep import StudySession
@@ -113,7 +113,8 @@ def _open(args: argparse.Namespace) -> StudySession:
     """The study named on the command line, or with --continued its companion study."""
     import sweep
 
-    session = sweep.open(args.study_file)
+    # Readers import the trial module only where they need it (status and plot never do).
+    session = sweep.open(args.study_file, import_trial=False)
     if getattr(args, "continued", None) is None:
         return session
     return session.continued(args.continued)
@@ -186,7 +187,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     import sweep
     from sweep.run import plan as plan_lib
 
-    with sweep.open(args.study_file) as session:
+    with sweep.open(args.study_file, import_trial=False) as session:
         found = session.plan()
         print(plan_lib.text(session.config, found))
     return 2 if found.refused else 0  # what `run` would exit with
@@ -233,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # anything else is a bug or an environment problem: short message, exit 1
         if args.debug:
             print(scrub(traceback.format_exc()), end="", file=sys.stderr)
-        print(f"error: {type(exc).__name__}: {scrub(str(exc))} (run with --debug for the traceback)", file=sys.stderr)
+        print(f"error: {type(exc).__name__}: {scrub(one_line(exc))} (run with --debug for the traceback)",
+              file=sys.stderr)
         return 1
 
 

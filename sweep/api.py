@@ -254,17 +254,20 @@ class StudySession:
         return StudySession(continuation.open_companion(self.config, steps))
 
 
-def open(study: str | os.PathLike[str] | Mapping[str, Any]) -> StudySession:  # noqa: A001 (like io.open)
+def open(study: str | os.PathLike[str] | Mapping[str, Any], *,  # noqa: A001 (like io.open)
+         import_trial: bool = True) -> StudySession:
     """Validate a study (a study file's path, or its keys as a mapping) and return its session.
 
     Relative paths in the study (workdir, storage, a trial module) resolve against the current
-    directory, as on the command line. Nothing is created until `run()`.
+    directory, as on the command line. Nothing is created until `run()`. `import_trial=False`
+    imports the trial module only when a method needs it (`status()` and `plot()` never do), so a
+    study whose module no longer imports can still be read.
 
     Raises:
         ConfigError: the study breaks a rule of the study file (the message names key and value).
     """
     if isinstance(study, Mapping):
-        config = config_lib.from_dict(dict(study))
+        config = config_lib.from_dict(dict(study), import_trial=import_trial)
     else:
-        config = config_lib.load(study)
+        config = config_lib.load(study, import_trial=import_trial)
     return StudySession(config)

@@ -25,6 +25,14 @@ class ConfigError(SweepError, ValueError):
         super().__init__(f"{where}{rule}{got}")
 
 
+def one_line(exc: BaseException) -> str:
+    """`exc` as one line: a database driver's own message where SQLAlchemy wrapped one (its text adds
+    "[SQL: ...]" and "(Background on this error at: ...)" lines), else the message's first line."""
+    orig = getattr(exc, "orig", None)  # sqlalchemy.exc.DBAPIError: the driver's exception
+    text = str(orig if isinstance(orig, BaseException) else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _printable(text: str) -> str:
     """`text` on one printable line: a key may hold a newline or a lone surrogate (YAML "\ud800")."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

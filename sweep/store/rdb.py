@@ -7,15 +7,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import shutil
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.errors import StudyNotFound, SweepError
+from sweep.errors import StudyNotFound, SweepError, one_line
 from sweep.store.outage import Outages, retrying_storage_class
 from sweep.store.samplers import RestartProofSampler, build_pruner, build_sampler
 from sweep.study import fingerprint
@@ -76,6 +78,19 @@ def workdir_lock(config: Config, create: bool = True) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def reader_url(url: str) -> str:
+    """The URL a reader opens: a SQLite file in a folder this process cannot write (an archived
+    study, a colleague's results, a read-only mount) read-only, since SQLite in WAL mode otherwise
+    fails to create its shared-memory file ("unable to open database file"). With that file present
+    (a writer may be live) SQLite reads through it (mode=ro); without it the file is read as
+    immutable (nothing can be writing through this folder). Any other URL is unchanged."""
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
+    if path is None or path == ":memory:" or os.access(os.path.dirname(path) or ".", os.W_OK):
+        return url
+    how = "mode=ro" if os.path.exists(path + "-shm") else "immutable=1"
+    return f"sqlite:///file:{urllib.parse.quote(path)}?{how}&uri=true"
+
+
 def initialised(config: Config) -> bool:
     """Whether the study's storage holds Optuna's schema, completely: a reader must not open one
     that a creator is setting up right now, since RDBStorage would create or stamp the missing
@@ -90,10 +105,11 @@ def initialised(config: Config) -> bool:
     url = config.storage
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         return False  # connecting would create the file
+    url = reader_url(url)
     try:
         engine = sa.create_engine(url, **storage_kwargs(url))
     except Exception as exc:  # a missing driver, a malformed URL
-        raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
+        raise SweepError(f"cannot open storage {mask_url(config.storage)}: {one_line(exc)}") from None
     try:
         with engine.connect() as conn:
             tables = sa.inspect(conn).get_table_names()
@@ -101,7 +117,7 @@ def initialised(config: Config) -> bool:
                 return False
             return conn.exec_driver_sql("SELECT COUNT(*) FROM alembic_version").scalar() > 0
     except sa.exc.SQLAlchemyError as exc:
-        raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
+        raise SweepError(f"cannot open storage {mask_url(config.storage)}: {one_line(exc)}") from None
     finally:
         engine.dispose()
 
@@ -117,11 +133,14 @@ def open_storage(config: Config, create: bool) -> optuna.storages.RDBStorage:
     if sqlite_path is not None and not sqlite_path.exists() and not create:
         raise StudyNotFound(f"study {config.name!r} not found: no database at {sqlite_path}; run it first")
     had_workdir = config.workdir.exists()
+    if create and had_workdir and not os.access(config.workdir, os.W_OK):
+        raise SweepError(f"cannot run study {config.name!r}: its workdir {config.workdir} is read-only here (a read-only "
+                         "folder or mount); status, plan and export read it as it is")
     try:
         with workdir_lock(config, create):
             if sqlite_path is not None:
                 sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-            storage = _rdb_storage(url, config.study.storage_retry_seconds)
+            storage = _rdb_storage(url, config.study.storage_retry_seconds, url if create else reader_url(url))
             if sqlite_path is not None and create:
                 with storage.engine.connect() as conn:
                     conn.exec_driver_sql("PRAGMA journal_mode=WAL")
@@ -143,18 +162,19 @@ OPEN_ATTEMPTS = 8
 _RetryingRDBStorage = retrying_storage_class(optuna.storages.RDBStorage)
 
 
-def _rdb_storage(url: str, retry_seconds: float) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage whose calls ride out a database outage of up to `retry_seconds`."""
+def _rdb_storage(url: str, retry_seconds: float, connect: str | None = None) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage whose calls ride out a database outage of up to `retry_seconds`
+    (connected through `connect`, `url` as a reader opens it, where given)."""
     for attempt in range(OPEN_ATTEMPTS):
         try:
-            storage = _RetryingRDBStorage(url, engine_kwargs=storage_kwargs(url))
+            storage = _RetryingRDBStorage(connect or url, engine_kwargs=storage_kwargs(url))
             storage.outages = Outages(retry_seconds)
             return storage
         except Exception as exc:  # bad host, bad password, missing driver ... or the race above
             if attempt + 1 < OPEN_ATTEMPTS and any(m in f"{type(exc).__name__}: {exc}" for m in _CREATION_RACE):
                 time.sleep(0.05 * 2 ** attempt)
                 continue
-            raise SweepError(f"cannot open storage {mask_url(url)}: {exc}") from None
+            raise SweepError(f"cannot open storage {mask_url(url)}: {one_line(exc)}") from None
     raise AssertionError("unreachable")
 
 

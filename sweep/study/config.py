@@ -193,14 +193,12 @@ class StudyFile(StrictModel):
     storage_retry_seconds: Annotated[float, Field(gt=0)] = 300.0
     # A trial's data() that has not returned after this long fails the trial (sweep/trial/guard.py).
     data_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
-    # One objective, or several (a multi-objective study, sweep/study/objectives.py); `objective` is then
-    # the first of them, which picks each trial's best step.
+    # One, or several (sweep/study/objectives.py; `objective` is then the first: it picks the best step).
     objective: Objective = None  # type: ignore[assignment]
     objectives: list[Objective] | None = None
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
-    # The class its `type` names checks it (sweep/study/scheduler_keys.py): an instance of a scheduler of
-    # sweep/schedulers/ (or a user's); None: every trial trains to the end.
+    # Checked by the class its `type` names (sweep/study/scheduler_keys.py); None: every trial trains to the end.
     scheduler: Annotated[SerializeAsAny[SchedulerKeys], BeforeValidator(scheduler_keys.section)] | None = None
     # None: the trial module's search_space(trial) samples with Optuna's suggest API (docs/search.md).
     search_space: dict[str, Param] | None = None
@@ -277,10 +275,11 @@ class Config:
     `cache_dir`, `lock_path` and the default SQLite storage.
     """
 
-    def __init__(self, path: Path, study: StudyFile, trial_module: Any, source: Source | None = None) -> None:
+    def __init__(self, path: Path, study: StudyFile, trial_module: Any = None, source: Source | None = None) -> None:
         self.path = path
         self.study = study
-        self.trial_module = trial_module
+        self._trial_module = trial_module  # None: imported on first use (see trial_module)
+        self._import_error: ConfigError | None = None
         self.source = source or Source(study.model_dump(mode="python", exclude_unset=True), str(path), os.getcwd())
         self.workdir = Path(os.path.abspath(study.workdir or f"runs/{study.name}"))
         self.storage = _resolve_storage(study.storage, self.workdir)
@@ -288,6 +287,21 @@ class Config:
     @property
     def name(self) -> str:
         return self.study.name
+
+    @property
+    def trial_module(self) -> Any:
+        """The trial module, imported and checked against the file on first use (readers such as
+        `status` never need it: a study whose module no longer imports stays readable). Raises
+        ConfigError, every time, where it does not import or lacks the trial protocol."""
+        if self._trial_module is None:
+            if self._import_error is None:
+                try:
+                    self._trial_module = config_checks.trial_module(str(self.path), self.study)
+                except ConfigError as exc:
+                    self._import_error = exc
+            if self._import_error is not None:
+                raise self._import_error
+        return self._trial_module
 
     @property
     def sampled_names(self) -> list[str]:
@@ -339,21 +353,24 @@ def _resolve_storage(url: str | None, workdir: Path) -> str:
     return url
 
 
-def load(path: str | os.PathLike[str]) -> Config:
-    """Read, parse and validate a study file, importing its trial module.
+def load(path: str | os.PathLike[str], import_trial: bool = True) -> Config:
+    """Read, parse and validate a study file, importing its trial module (`import_trial` false: on
+    first use, see `Config.trial_module`).
 
     Raises:
         ConfigError: on any broken rule; nothing has been created.
     """
     file = str(path)
-    return from_dict(study_yaml.read(file), origin=file)
+    return from_dict(study_yaml.read(file), origin=file, import_trial=import_trial)
 
 
-def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] | None = None) -> Config:
+def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] | None = None,
+              import_trial: bool = True) -> Config:
     """Validate a study given as a mapping (the study file's keys); `origin` names it in errors.
 
     Relative paths resolve against the current directory, as for a file. `${VAR}` in the keys that
     take it (sweep.study.credentials) is read from `env` first, then from the environment.
+    `import_trial` false leaves the trial module to its first use (`Config.trial_module`).
 
     Raises:
         ConfigError: on any broken rule; nothing has been created.
@@ -371,7 +388,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
     config_checks.storage(origin, study.storage, raw.get("storage"))
     config_checks.warm_start(origin, study.warm_start)
     space.check(origin, study)
-    module = config_checks.trial_module(origin, study)
+    module = config_checks.trial_module(origin, study) if import_trial else None
     config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
     credentials.remember(config.storage, credentials.used_in(raw.get("storage"), used))
     return config
