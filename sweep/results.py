@@ -19,6 +19,7 @@ class TrialStatus(TypedDict):
     last_step: Optional[int]
     rung: Optional[int]
     paused_at: Optional[list[int]]
+    promoted_at: Optional[list[int]]
     checkpoint_dir: Optional[str]
     checkpoints_removed: Optional[str]
     resumes: int

@@ -13,8 +13,8 @@ from sweep.checkpoints.steps import newest_mtime, newest_step
 from sweep.results import StudyStatus, TrialStatus
 from sweep.schedulers import base as scheduler
 from sweep.store.record import (BEST_STEP, BEST_VALUE, COMPILES_ATTR, CONTINUED_FROM, DEVICES, LAST_STEP,
-                                METRICS, PAUSED_AT, best_of_reports, checkpoint_folder, companions, counted_reports,
-                                metrics_at, paused_rung, train_loss_at)
+                                METRICS, PAUSED_AT, PROMOTED_AT, best_of_reports, checkpoint_folder, companions, counted_reports,
+                                metrics_at, paused_rung, rung_path, train_loss_at)
 from sweep.store.session import Session
 from sweep.study.config import Config, sign
 from sweep.study.constraints import feasible
@@ -96,6 +96,7 @@ def _entry(t: FrozenTrial, live: set[int], direction: str, folder: Any, t_metric
         # rung steps it paused at so far (null for a trial that never paused)
         "rung": paused_rung(t),
         "paused_at": attrs.get(PAUSED_AT),
+        "promoted_at": attrs.get(PROMOTED_AT),  # ... and those it went on from (null before any)
         "checkpoint_dir": str(folder) if folder is not None and removed is None else None,  # where it is now
         # why the study's disk budget (keep_trials, max_disk) removed its checkpoints, if it did
         "checkpoints_removed": removed,
@@ -130,9 +131,12 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
     remote = any("remote_step" in t for t in status["trials"])
     linked = any(t.get("continued_from") for t in status["trials"])
     pbt = any("lineage" in t for t in status["trials"])  # scheduler pbt: which member it copied last, where
+    # pause and promote (asha, hyperband): each trial's path through the rungs (pbt's pauses are its generations)
+    rungs = not pbt and any(t.get("paused_at") for t in status["trials"])
     # A host of one device says nothing new: the column shows where trials could differ.
     devices = len({d for t in status["trials"] for d in t.get("devices") or ()}) > 1
-    head = ["", "number", "state", *(["continued_from"] if linked else []), *(["copied"] if pbt else []), *names,
+    head = ["", "number", "state", *(["rungs"] if rungs else []), *(["continued_from"] if linked else []),
+            *(["copied"] if pbt else []), *names,
             status["metric"], *extra,
             "best_step", "last_step", "resumes", "lost", "ckpt_every", "ckpt_age", *(["devices"] if devices else []),
             *(["remote"] if remote else [])]
@@ -143,6 +147,7 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         metrics = {**(t.get("metrics") or {}), "train_loss": t.get("train_loss")}
         marked = t["number"] in front if "objectives" in status else t["number"] == best
         rows.append(["*" if marked else "", str(t["number"]), t["state"],
+                     *(["->".join(map(str, rung_path(t, t["last_step"]))) or "-"] if rungs else []),
                      *([_link(t.get("continued_from"))] if linked else []), *([_copied(t)] if pbt else []),
                      *[_fmt(t.get("params_in_force", t["params"]).get(n)) for n in names], _fmt(t["best_value"]),
                      *[_fmt(metrics.get(m)) for m in extra], _fmt(t["best_step"]),

@@ -20,7 +20,7 @@ from sweep.host.signals import StopSignal
 from sweep.schedulers import base as scheduler
 from sweep.store.outage import storage_fault
 from sweep.store.record import (BEST_STEP, BEST_VALUE, DATA_SHAPES_ATTR, DEVICES, ERROR, FAILURES, LAST_STEP, METRICS,
-                                add_compiles, add_resume, counted_reports, eval_attr, exploited_at, metrics_at)
+                                add_compiles, add_restore, counted_reports, eval_attr, exploited_at, metrics_at)
 from sweep.store.session import Session
 from sweep.study import constraints
 from sweep.study.credentials import scrub
@@ -187,9 +187,9 @@ class _FencedWrites:
         self.trial.set_user_attr(eval_attr(step), metrics)
         self.curves.evaluation(step, metrics)
 
-    def restored(self, step: int) -> None:
+    def restored(self, step: int) -> bool:
         self.fence()
-        add_resume(self.trial, self.session.trial(self.trial.number).user_attrs, step)
+        return add_restore(self.trial, self.session.trial(self.trial.number).user_attrs, step)
 
     def data_shapes(self, shapes: dict[str, Any]) -> None:
         if self.frozen.user_attrs.get(DATA_SHAPES_ATTR) != shapes:

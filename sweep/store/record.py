@@ -25,7 +25,7 @@ CHECKPOINT_DIR = "checkpoint_dir"  # absolute path of its checkpoint folder, whe
 BEST_STEP, BEST_VALUE, LAST_STEP = "best_step", "best_value", "last_step"  # once finished
 METRICS = "metrics"  # every declared metric at the best step
 RESUMES = "resumes"  # interruptions: runs that ended without finishing it (sweep/train/ledger.py)
-RESUMED_FROM = "resumed_from"  # the steps it was resumed from
+RESUMED_FROM = "resumed_from"  # the steps it was resumed from after an interruption
 FAILURES, ERROR = "failures", "error"  # retries used, and the last error (truncated)
 LEDGER = "ledger"  # where its time went (sweep/train/ledger.py)
 DEVICES = "devices"  # ["<platform>:<host index>", ...]: the devices its latest run trained on (sweep/host/slots.py)
@@ -34,6 +34,9 @@ CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the tri
 # Optuna's WAITING with this attribute: its last entry is the rung it waits at), and the step its
 # current run trains to (a higher rung or train.steps), set when it is promoted.
 PAUSED_AT, RUNG_TARGET = "paused_at", "rung_target"
+# ... and the pause steps it went on from at the scheduler's decision (promoted; pbt: its next
+# generation), in order: kept apart from `resumed_from`, which lists its interruptions only.
+PROMOTED_AT = "promoted_at"
 # Population-based training (sweep/schedulers/pbt.py): the params a member trains with now (its sampled
 # params until an exploit gives it a donor's, perturbed), and its exploits in order: {"step",
 # "source", "source_step", "source_checksum", "source_value", "old_value", "old_params", "new_params"}
@@ -178,6 +181,25 @@ def add_compiles(trial: Any, stored: Mapping[str, Any], counts: dict[str, float]
     trial.set_user_attr(COMPILES_ATTR, total)
 
 
-def add_resume(trial: Any, stored: Mapping[str, Any], step: int) -> None:
-    """Append `step` to the trial's `resumed_from` attribute (plot marks it on the curve)."""
-    trial.set_user_attr(RESUMED_FROM, [*stored.get(RESUMED_FROM, []), step])
+def is_promotion(stored: Mapping[str, Any], step: int) -> bool:
+    """Whether a run restored at `step` goes on from a pause (the scheduler promoted it there)
+    rather than after an interruption: `step` is the pause it waited at last, and no run went on
+    from that pause yet (a kill before the promoted run's first save restores there again: an
+    interruption). `stored`: the trial's user attributes."""
+    paused, promoted = stored.get(PAUSED_AT) or [], stored.get(PROMOTED_AT) or []
+    return bool(paused) and step == paused[-1] and len(promoted) < len(paused)
+
+
+def add_restore(trial: Any, stored: Mapping[str, Any], step: int) -> bool:
+    """Append `step` to the trial's `promoted_at` (a promotion, see is_promotion) or `resumed_from`
+    (an interruption; plot marks these on the curve); True for a promotion."""
+    key = PROMOTED_AT if is_promotion(stored, step) else RESUMED_FROM
+    trial.set_user_attr(key, [*stored.get(key, []), step])
+    return key == PROMOTED_AT
+
+
+def rung_path(attrs: Mapping[str, Any], last_step: int | None) -> list[int]:
+    """The steps a paused-and-promoted trial went through: each pause, then the last step it
+    reached past the last pause ([] for a trial that never paused)."""
+    paused = [int(s) for s in attrs.get(PAUSED_AT) or []]
+    return [*paused, last_step] if paused and last_step is not None and last_step > paused[-1] else paused

@@ -45,7 +45,9 @@ class Outcome:
 class TrialEvents:
     """What `run_trial` tells its caller as the trial runs; each one optional.
 
-    on_restore: called with the step a checkpoint was restored from, before training.
+    on_restore: called with the step a checkpoint was restored from, before training; True where
+        the run goes on from a pause at the scheduler's decision (a promotion), not after an
+        interruption.
     on_step: called with (number, step) at the start, after every training window, and with
         (number, -1) when the trial stops running here (the progress view's source of the
         current step and of the speed: windows timed from the end of the first one).
@@ -61,7 +63,7 @@ class TrialEvents:
         (process-wide counters: exact while the process runs one trial at a time).
     """
 
-    on_restore: Callable[[int], None] | None = None
+    on_restore: Callable[[int], bool | None] | None = None
     on_step: Callable[[int, int], None] | None = None
     on_evaluation: Callable[[int, dict[str, float]], None] | None = None
     on_compiles: Callable[[dict[str, float]], None] | None = None
@@ -176,9 +178,11 @@ class _TrialRun:
         # A step saved before an optional key existed lacks it: the fresh state's stays.
         self.state = jax.device_put({**state, **restored}, self.place)
         if start is not None:
-            log.info("trial %d: resumed from step %d", self.number, start)
-            if events.on_restore is not None:
-                events.on_restore(start)
+            promoted = events.on_restore is not None and bool(events.on_restore(start))
+            # A promotion is no recovery: it says so, and the first new step is not announced as one.
+            log.info("trial %d: goes on from its pause at step %d" if promoted else "trial %d: resumed from step %d",
+                     self.number, start)
+            self.announce_first_step = self.announce_first_step and not promoted
         self.step = int(self.state["step"])
         if events.on_step is not None:
             events.on_step(self.number, self.step)  # training starts here (the first window compiles)

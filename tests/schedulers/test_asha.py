@@ -45,7 +45,7 @@ def _history(path: Path) -> list[tuple[Any, ...]]:
     """Everything an interrupted run must reproduce: params, values, reports, pauses, promotions."""
     return [(t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
              t.user_attrs.get("best_step"), t.user_attrs.get("last_step"), t.user_attrs.get("paused_at"),
-             t.user_attrs.get("rung_target"), t.user_attrs.get("resumed_from"))
+             t.user_attrs.get("rung_target"), t.user_attrs.get("promoted_at"), t.user_attrs.get("resumed_from"))
             for t in sorted(study_of(path).trials, key=lambda t: t.number)]
 
 
@@ -57,8 +57,10 @@ def _check_pauses(trials: list[Any]) -> None:
         assert all(r in (100, 200) for r in rungs) and rungs == sorted(set(rungs)), (t.number, rungs)
         if t.state.name == "PRUNED":  # never promoted past its last rung: its value is its rung value
             assert t.value == t.intermediate_values[rungs[-1]] and max(t.intermediate_values) == rungs[-1]
-        assert t.user_attrs.get("resumed_from", []) == (rungs if t.state.name == "COMPLETE" else rungs[:-1]), (
-            t.number, rungs, t.user_attrs.get("resumed_from"))
+        # promotions apart from interruptions (resumed_from): these runs were not interrupted
+        assert t.user_attrs.get("promoted_at", []) == (rungs if t.state.name == "COMPLETE" else rungs[:-1]), (
+            t.number, rungs, t.user_attrs.get("promoted_at"))
+        assert "resumed_from" not in t.user_attrs, (t.number, t.user_attrs["resumed_from"])
         assert t.user_attrs["ledger"]["lost_steps"] == 0
 
 
@@ -73,11 +75,17 @@ def test_asha_pauses_promotes_and_a_promoted_trial_equals_a_straight_run(uninter
     assert len(trials) == 5
     paused = [t for t in trials if t.user_attrs.get("paused_at")]
     assert len(paused) == 5  # every trial paused at its first rung
-    promoted = [t for t in trials if t.user_attrs.get("resumed_from")]
+    promoted = [t for t in trials if t.user_attrs.get("promoted_at")]
     assert promoted and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
     _check_pauses(trials)
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     assert complete and all(t.user_attrs["paused_at"] == [100, 200] for t in complete)
+    # status shows each trial's path through the rungs: a COMPLETE one went on from both to the end
+    table = cli_here("status", uninterrupted, cwd=uninterrupted.parent).stdout.splitlines()
+    assert table[1].split()[:3] == ["number", "state", "rungs"], table
+    paths = {int(line.lstrip("* ").split()[0]): line.lstrip("* ").split()[2] for line in table[2:2 + len(trials)]}
+    assert all(paths[t.number] == "100->200->400" for t in complete), paths
+    assert all(paths[t.number] == "->".join(map(str, t.user_attrs["paused_at"])) for t in trials if t not in complete)
     # The promoted trial, bit for bit, as the same params trained straight through without a scheduler.
     best = min(complete, key=lambda t: t.value)
     straight = _write(tmp_path, name="straight", n_trials=1, scheduler=None,
@@ -140,7 +148,7 @@ def test_asha_killed_at_random_moments_equals_an_uninterrupted_run(uninterrupted
     result = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
     assert result.returncode == 0, result.stderr
     assert kills >= 2
-    # `resumed_from` also holds the resumes after its interruptions: the rest is the same
+    # `resumed_from` holds the resumes after its interruptions, apart from the promotions: the rest is the same
     assert [h[:-1] for h in _history(path)] == [h[:-1] for h in _history(uninterrupted)]
 
 

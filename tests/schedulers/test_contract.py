@@ -39,8 +39,8 @@ def _write(folder: Path, **override: Any) -> Path:
 
 
 def _record(path: Path) -> list[tuple[Any, ...]]:
-    """The pause and promotion record of every trial: where it paused, where its last run trained to."""
-    return [(t.number, t.user_attrs.get("paused_at"), t.user_attrs.get("rung_target"))
+    """The pause and promotion record of every trial: where it paused, where its last run trained to, where it went on."""
+    return [(t.number, t.user_attrs.get("paused_at"), t.user_attrs.get("rung_target"), t.user_attrs.get("promoted_at"))
             for t in sorted(study_of(path).trials, key=lambda t: t.number)]
 
 
@@ -58,7 +58,9 @@ def test_a_scheduler_of_the_test_folder_pauses_promotes_and_finishes_trials(unin
     trials = sorted(study_of(path).trials, key=lambda t: t.number)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     assert all(t.user_attrs["paused_at"] == [100, 200] and max(t.intermediate_values) == 300 for t in trials)
-    assert all(t.user_attrs["resumed_from"] == [100, 200] for t in trials)  # from each stop's checkpoint
+    # went on from each stop's checkpoint: promotions, not interruptions, in the record and the log
+    assert all(t.user_attrs["promoted_at"] == [100, 200] and "resumed_from" not in t.user_attrs for t in trials)
+    assert "trial 0: goes on from its pause at step 100" in stderr and "training again" not in stderr
     assert [(int(n), int(a), int(b)) for n, a, b in re.findall(PROMOTED, stderr)] == [
         (0, 100, 200), (0, 200, 300), (1, 100, 200), (1, 200, 300), (2, 100, 200), (2, 200, 300)]
     # every trial reached its first stop before any went on
@@ -83,8 +85,9 @@ def test_a_kill9_mid_promotion_then_the_same_command_equals_an_uninterrupted_run
     assert again.returncode == 0, again.stderr
     assert snapshot(path) == snapshot(reference)
     assert _record(path) == _record(reference)
-    resumed = study_of(path).trials[0].user_attrs["resumed_from"]
-    assert resumed[:1] == [100] and resumed[1] > 100, resumed  # it went on from its own step past the stop
+    attrs = study_of(path).trials[0].user_attrs
+    # promoted at both stops; resumed once after the kill, from its own step past the first stop
+    assert attrs["promoted_at"] == [100, 200] and len(attrs["resumed_from"]) == 1 and attrs["resumed_from"][0] > 100
 
 
 BAD = [
