@@ -83,6 +83,7 @@ class Compiled:
 def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int) -> Compiled:
     streams = streaming(module)  # data is (a chunk of batches, the step of its first)
     wants_step = not streams and takes_step(module.batch)
+    loss_step = takes_step(module.loss)  # loss(hp, params, batch, key, step): the same traced step
 
     def window(params, opt_state, model_state, loss_sum, rng, data, start, n, traced_hp):
         # One compiled loop over steps [start, start + n): no Python dispatch per step. The body is
@@ -99,14 +100,14 @@ def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int
                 chunk, first = data
                 batch = jax.tree.map(lambda b: b[step - first], chunk)
             elif wants_step:  # batch(hp, data, key, step): the trial's data key, the same at every step
-                batch = module.batch(full, data, jax.random.fold_in(rng, DATA_KEY), step)
+                batch = module.batch(full, data, jax.random.fold_in(rng, DATA_KEY), step=step)
             else:
                 batch = module.batch(full, data, batch_key)
             if devices > 1:
                 batch = _split_batch(batch, devices)
 
             def loss_fn(p):
-                loss, new_state = kind.loss(module, full, p, model_state, batch, loss_key)
+                loss, new_state = kind.loss(module, full, p, model_state, batch, loss_key, step if loss_step else None)
                 return jnp.asarray(loss, jnp.float32), new_state
 
             (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

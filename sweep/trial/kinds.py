@@ -6,6 +6,9 @@ as plain pytrees of arrays, so that jit, optax, Orbax and safetensors see nothin
 Three kinds of trial modules, told apart without any declaration beyond what Flax users write:
 
 - plain: `init` returns params; `loss(hp, params, batch, key)` returns a scalar.
+
+Every kind's `loss` may also declare `step` (`loss(hp, params, batch, key, step)`, `takes_step`):
+it then gets the step being trained, passed by keyword.
 - Flax linen with mutable collections: the module declares `COLLECTIONS = ("batch_stats",)`;
   `init` returns the variables dict (`model.init(...)` unchanged), `loss(hp, variables, batch,
   key)` returns `(loss, updates)` (what `apply(..., mutable=[...])` returns as its second value),
@@ -34,8 +37,10 @@ class PlainKind:
     def start(self, initial: Any) -> tuple[Any, dict[str, Any]]:
         return initial, {}
 
-    def loss(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, batch: Any, key: Any) -> Any:
-        return module.loss(hp, params, batch, key), state
+    def loss(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, batch: Any, key: Any,
+             step: Any = None) -> Any:
+        """(loss, new model state); `step` (not None) reaches a `loss` that declares it."""
+        return module.loss(hp, params, batch, key, **_step(step)), state
 
     def evaluate(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, data: Any) -> Any:
         return module.evaluate(hp, params, data)
@@ -73,8 +78,9 @@ class CollectionsKind(PlainKind):
             raise TypeError(f"init's variables lack the declared COLLECTIONS {missing}; it has {sorted(initial)}")
         return initial["params"], {c: initial[c] for c in self.collections}
 
-    def loss(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, batch: Any, key: Any) -> Any:
-        out = module.loss(hp, {"params": params, **state}, batch, key)
+    def loss(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, batch: Any, key: Any,
+             step: Any = None) -> Any:
+        out = module.loss(hp, {"params": params, **state}, batch, key, **_step(step))
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError("a trial with COLLECTIONS must return (loss, updates) from loss, where updates is "
                             "the mutated collections (the second value of apply(..., mutable=[...]))")
@@ -145,9 +151,10 @@ class NNXKind(PlainKind):
         _, _, rest = nnx.split(model, nnx.Param, ...)
         return _raw_keys(nnx.to_pure_dict(rest))
 
-    def loss(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, batch: Any, key: Any) -> Any:
+    def loss(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, batch: Any, key: Any,
+             step: Any = None) -> Any:
         model = self._merge(self.train_def, params, state)
-        loss = module.loss(hp, model, batch, key)
+        loss = module.loss(hp, model, batch, key, **_step(step))
         return loss, self._rest_of(model)  # BatchStat updates, RNG counts
 
     def evaluate(self, module: Any, hp: Mapping[str, Any], params: Any, state: Any, data: Any) -> Any:
@@ -203,9 +210,14 @@ def kind_of(module: Any, initial: Any) -> PlainKind:
     return PlainKind()
 
 
+def _step(step: Any) -> dict[str, Any]:
+    return {} if step is None else {"step": step}
+
+
 def takes_step(fn: Any) -> bool:
-    """`batch(hp, data, key, step)`: the trial wants the step (epoch-based data order). Only a
-    parameter named `step` says so; other extra parameters keep the old meaning."""
+    """`batch(hp, data, key, step)`, `loss(hp, params, batch, key, step)`: the trial wants the step
+    (epoch-based data order; a step-dependent loss). Only a parameter named `step` says so; other
+    extra parameters keep the old meaning (sweep/trial/protocol.py refuses required ones)."""
     try:
         return "step" in inspect.signature(fn).parameters
     except (TypeError, ValueError):

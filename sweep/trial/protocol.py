@@ -7,6 +7,7 @@ hyperparameters, and nothing else; sweep owns the loop, Optuna and Orbax.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from types import ModuleType
 from typing import Any, Mapping, Protocol, runtime_checkable
@@ -19,6 +20,9 @@ REQUIRED_FUNCTIONS = ("data", "init", "optimizer", "batch", "loss", "evaluate")
 # A trial that streams its training batches (`train_batches`, see sweep/train/stream.py) needs no
 # in-memory `data` or `batch`.
 STREAMING_OPTIONAL = ("data", "batch")
+# The arguments sweep passes, in order; a parameter named `step` gets the step, by keyword
+# (sweep/trial/kinds.py, takes_step). Any other parameter needs a default.
+ARGUMENTS = {"batch": ("hp", "data", "key"), "loss": ("hp", "params", "batch", "key")}
 
 
 @runtime_checkable
@@ -38,10 +42,12 @@ class TrialModule(Protocol):
         """An optax.GradientTransformation."""
 
     def batch(self, hp: Hyperparameters, data: Any, key: Any) -> Any:
-        """The training batch for a step; a pure function of the key (sweep derives it from (seed, step))."""
+        """The training batch for a step; a pure function of the key (sweep derives it from (seed, step)).
+        With a `step` parameter: the trial's data key and the step (epochs)."""
 
     def loss(self, hp: Hyperparameters, params: Any, batch: Any, key: Any) -> Any:
-        """Scalar training loss (key: for dropout and other per-step randomness)."""
+        """Scalar training loss (key: for dropout and other per-step randomness). With a `step`
+        parameter: also the step being trained, a traced integer (the one `batch` gets)."""
 
     def evaluate(self, hp: Hyperparameters, params: Any, data: Any) -> Mapping[str, Any]:
         """Validation metrics, a mapping with every name in METRICS."""
@@ -62,7 +68,24 @@ def protocol_problems(module: ModuleType) -> list[tuple[str, str, object]]:
             continue
         if not callable(getattr(module, name, None)):
             problems.append((name, "must be a function", getattr(module, name, None)))
+        elif name in ARGUMENTS and not _takes_arguments(getattr(module, name), ARGUMENTS[name]):
+            args = ", ".join(ARGUMENTS[name])
+            problems.append((name, f"must take ({args}) or ({args}, step); any other parameter needs a default",
+                             f"{name}{inspect.signature(getattr(module, name))}"))
     return problems
+
+
+def _takes_arguments(fn: Any, names: tuple[str, ...]) -> bool:
+    """Whether `fn` accepts the call sweep makes: `names` by position, plus `step=` if it declares one."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # not introspectable (a builtin): called as the protocol says
+        return True
+    try:
+        signature.bind(*names, **({"step": 0} if "step" in signature.parameters else {}))
+    except TypeError:
+        return False
+    return True
 
 
 def trial_data(module: Any, hp: Hyperparameters, timeout: float | None = None) -> Any:
