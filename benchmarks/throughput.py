@@ -61,9 +61,9 @@ def main() -> None:
             nonlocal params, opt_state
             loss_sum = np.zeros((), np.float32)
             for start in range(0, args.steps, args.window):
-                params, opt_state, _, loss_sum, loss = fns.window(params, opt_state, {}, loss_sum, state["key"], data,
+                params, opt_state, _, loss_sum, _ = fns.window(params, opt_state, {}, loss_sum, state["key"], data,
                                                                   np.int32(start), np.int32(args.window), traced_hp)
-            loss.block_until_ready()
+            loss_sum.block_until_ready()
         t = harness.timed(go)
         out["windows"] = params
         return t / args.steps

@@ -75,7 +75,7 @@ class Compiled:
     """
 
     # (params, opt_state, model_state, loss_sum, key, data, start, n, traced_hp)
-    #   -> (params, opt_state, model_state, loss_sum, last loss)
+    #   -> (params, opt_state, model_state, loss_sum, (first non-finite step or -1, its loss))
     window: Callable
     evaluate: Callable  # (params, model_state, data, traced_hp) -> metrics
 
@@ -89,12 +89,13 @@ def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int
         # One compiled loop over steps [start, start + n): no Python dispatch per step. The body is
         # a function of (state, step) only, so any split of the steps into windows gives the same
         # bits (checked by the tests); windows therefore need no alignment beyond step numbers.
-        # The training loss is summed in the carry, in step order, for the same reason.
+        # The training loss is summed in the carry, in step order, for the same reason; the first
+        # non-finite loss is kept with its step, so a NaN is reported where it began, at no cost.
         full = {**static, **traced_hp}
         tx = module.optimizer(full)
 
         def body(step, carry):
-            params, opt_state, model_state, loss_sum, _ = carry
+            params, opt_state, model_state, loss_sum, (bad_step, bad_loss) = carry  # bad: first non-finite
             batch_key, loss_key = jax.random.split(jax.random.fold_in(rng, step))
             if streams:  # step's batch from the host pipeline (sweep/train/stream.py)
                 chunk, first = data
@@ -112,10 +113,12 @@ def _build(module: Any, kind: PlainKind, static: Mapping[str, Any], devices: int
 
             (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
             updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, model_state, loss_sum + loss, loss
+            fresh = (bad_step < 0) & ~jnp.isfinite(loss)
+            bad = jnp.where(fresh, step, bad_step), jnp.where(fresh, loss, bad_loss)
+            return optax.apply_updates(params, updates), opt_state, model_state, loss_sum + loss, bad
 
-        return jax.lax.fori_loop(start, start + n, body,
-                                 (params, opt_state, model_state, loss_sum, jnp.zeros((), jnp.float32)))
+        none = (jnp.int32(-1), jnp.zeros((), jnp.float32))
+        return jax.lax.fori_loop(start, start + n, body, (params, opt_state, model_state, loss_sum, none))
 
     def evaluate(params, model_state, data, traced_hp):
         return kind.evaluate(module, {**static, **traced_hp}, params, model_state, data)
@@ -347,7 +350,7 @@ class Functions:
     def dispatch(self, params: Any, opt_state: Any, model_state: Any, loss_sum: Any, key: Any, data: Any,
                  start: int, n: int) -> Any:
         """Start the window over steps [start, start + n) and return at once (JAX's asynchronous
-        dispatch): (params, opt_state, model_state, loss_sum, last loss) as arrays still being
+        dispatch): (params, opt_state, model_state, loss_sum, first non-finite) as arrays still being
         computed. The caller may dispatch the next window on them before this one is done."""
         return self._call("window", params, opt_state, model_state, loss_sum, key, data, np.int32(start),
                           np.int32(n))
@@ -355,7 +358,7 @@ class Functions:
     def finish(self, out: Any, n: int) -> None:
         """Wait for a dispatched window of `n` steps; windows grow to WINDOW_SECONDS of steps, timed
         from the previous window's completion (the first window compiled, so it is not timed)."""
-        out[-1].block_until_ready()
+        out[3].block_until_ready()
         now = time.perf_counter()
         if self._since is not None:
             per_step = (now - self._since) / n

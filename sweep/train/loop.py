@@ -363,13 +363,17 @@ class _TrialRun:
                 or self.cadence.due(step))
 
     def _finish_window(self, out: Any, end: int) -> None:
-        """Wait for the window [step, end); fail the trial if its training loss is not finite."""
+        """Wait for the window [step, end); fail the trial if its training loss is not finite, naming
+        the first step whose loss was (the window's `step` i trains step i + 1)."""
         self.fns.finish(out, end - self.step)
         self.stop.trial_trained(self.number)
         loss_sum = float(out[3])
         if not math.isfinite(loss_sum):
-            raise NonFiniteMetric(f"trial {self.number}: the training loss is {loss_sum} in steps "
-                                  f"{self.step + 1}-{end} (non-finite); the trial failed")
+            bad = int(out[4][0])  # -1: every step's loss was finite and their sum overflowed
+            value, where = ((float(out[4][1]), f"at step {bad + 1}") if bad >= 0 else
+                            (loss_sum, f"in steps {self.step + 1}-{end}"))
+            raise NonFiniteMetric(f"trial {self.number}: the training loss is {value} {where} (non-finite); "
+                                  "the trial failed")
         if self.events.on_step is not None:
             self.events.on_step(self.number, end)
         self.step = end

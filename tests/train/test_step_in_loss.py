@@ -68,7 +68,26 @@ def test_a_loss_or_batch_that_cannot_take_the_protocol_arguments_exits_2_naming_
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_docs_say_that_loss_may_take_the_step():
+def test_a_non_finite_training_loss_names_the_first_step_it_was_non_finite(tmp_path, monkeypatch, sweep_log):
+    monkeypatch.chdir(tmp_path)
+    write_trial(tmp_path, "nan_linear", "step_loss")
+    # Windows end at evaluations and saves (50, 100) and grow 8x from one step, so the NaN at step 36
+    # (counted from 0: the 37th step) is inside a window of many steps, whose range the error named.
+    study = make_study(tmp_path, n_trials=1, trial="nan_linear", fixed={"nan_at": 36}, max_retries=1,
+                       train={"steps": 100, "eval_every": 50, "seed": 0}, checkpoint={"every_steps": 50})
+    run(study)
+    (trial,) = trials(study)
+    assert trial.state == TrialState.FAIL and trial.user_attrs["failures"] == 1  # deterministic: no retry
+    said = "trial 0: the training loss is nan at step 37 (non-finite); the trial failed"
+    assert trial.user_attrs["error"] == f"NonFiniteMetric: {said}"
+    assert [m for m in messages(sweep_log) if said in m]
+
+
+def test_the_docs_say_where_a_non_finite_loss_is_reported_and_that_loss_may_take_the_step():
     docs = Path(__file__).resolve().parents[2] / "docs"
-    for page in ("trials.md", "reference.md"):
-        assert "loss(hp, params, batch, key, step)" in (docs / page).read_text()
+    trials_md, reference, faults = (" ".join((docs / f).read_text().split())
+                                    for f in ("trials.md", "reference.md", "faults.md"))
+    for text in (trials_md, reference):
+        assert "loss(hp, params, batch, key, step)" in text
+    for text in (trials_md, faults):
+        assert "first step whose training loss is non-finite" in text
