@@ -17,6 +17,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 from sweep.errors import SweepError
@@ -101,12 +102,26 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float | None, what: str) -
     return result["value"]
 
 
-def leftover_threads(before: set[threading.Thread] | None = None) -> list[threading.Thread]:
-    """Non-daemon threads alive now (and not in `before`), the main thread aside: Python waits for
-    each at exit, so one the trial's code left running would keep the process alive forever."""
+# How long the threads a check finds may take to end on their own before they count as left running.
+# Orbax runs each of its coroutines in a fresh event loop that it closes without waiting for the loop's
+# executor thread (`asyncio_0`): told to stop, that thread is still ending when a save or restore has
+# returned, and on a loaded machine it may not have been scheduled yet when the check looks.
+SETTLE_SECONDS = 2.0
+
+
+def leftover_threads(before: set[threading.Thread] | None = None,
+                     settle: float = SETTLE_SECONDS) -> list[threading.Thread]:
+    """Non-daemon threads alive now (and not in `before`), the main thread aside, that do not end
+    within `settle` seconds: Python waits for each at exit, so one the trial's code left running
+    would keep the process alive forever. Threads already ending (a library's executor, told to
+    stop) are waited for, not counted; the wait costs nothing when no thread is found."""
     main = threading.main_thread()
-    return [t for t in threading.enumerate()
-            if t is not main and not t.daemon and t.is_alive() and (before is None or t not in before)]
+    found = [t for t in threading.enumerate()
+             if t is not main and not t.daemon and t.is_alive() and (before is None or t not in before)]
+    deadline = time.monotonic() + settle
+    for thread in found:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in found if t.is_alive()]
 
 
 def exit_now(code: int) -> None:
