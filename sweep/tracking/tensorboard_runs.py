@@ -27,6 +27,7 @@ from tensorboardX.record_writer import RecordWriter
 from sweep.tracking.events import TrialStart
 
 CHECKPOINT_TAG = "checkpoints"  # text: "step N saved", at step N
+NOTE_TAG = f"{CHECKPOINT_TAG}/text_summary"  # the tag a note's event has: tensorboardX's text summary appends it
 EVENTS_INFIX = ".tfevents."  # TensorBoard reads files whose name holds it
 
 
@@ -48,7 +49,7 @@ class TensorBoardWriter:
         # The saves up to the resume step: those the old files noted, and those still on disk (a
         # kill can come before a commit's note is written). A signal's save is a real one, so the
         # notes are the one part of a run that interruptions may change.
-        notes = {e.step: e for e in _events(old) if e.step <= trial.step and _tag(e) == CHECKPOINT_TAG}
+        notes = {e.step: e for e in _events(old) if e.step <= trial.step and _tag(e) == NOTE_TAG}
         for step in trial.saved:
             if step <= trial.step and step not in notes:
                 notes[step] = _note(now, step)

@@ -317,7 +317,7 @@ def test_tensorboard_run_resumed_after_a_kill_equals_an_uninterrupted_one(tmp_pa
     with open(next(folder.glob("*tfevents*")), "ab") as fh:
         fh.write(b"\x40\x00\x00\x00\x00\x00\x00\x00half")  # a record the kill cut short
     resumed = TensorBoardWriter(tmp_path / "killed")
-    resumed.start(start(200, saved=(100, 200)))
+    resumed.start(start(200, saved=(200,)))  # step 100 removed by retention: its note comes from the old file
     train(resumed, 200, 300)
     resumed.end(0, "COMPLETE", 100)
 
@@ -445,3 +445,35 @@ def test_tracker_waits_for_its_writers_to_be_made_at_most_start_s(monkeypatch, w
     tracker.wait_made()
     assert time.monotonic() - t0 < 1.5 and not made  # not waited for beyond START_S
     assert tracker.close(10) and made
+
+
+def _notes(workdir: Path, number: int) -> list[tuple[int, str]]:
+    """(step, text) of a trial's checkpoint notes, as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(workdir / "tensorboard" / f"trial_{number:04d}"), size_guidance={"tensors": 0})
+    acc.Reload()
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors("checkpoints/text_summary")]
+
+
+def test_checkpoint_notes_are_every_save_also_those_retention_removed_and_across_a_resume(here):
+    """Saved every 20 steps, keeping the last 2: the notes are each of the 10 saves, in step order,
+    uninterrupted and after a stop at step 110 and a resume from step 100 (the notes the first
+    run wrote are kept, not only those of the steps still on disk)."""
+    pytest.importorskip("tensorboard")
+    from conftest import make_study, run, run_killed, saved_steps, trials
+
+    override = {"n_trials": 1, "train": {"steps": 200, "eval_every": 10, "seed": 0},
+                "checkpoint": {"every_steps": 20, "keep_last": 2}, "logging": {"tensorboard": True}}
+    saves = [(s, f"step {s} saved") for s in range(20, 201, 20)]
+    plain = make_study(here / "plain", **override)
+    run(plain)
+    assert _notes(Path(plain["workdir"]), 0) == saves
+    assert saved_steps(checkpoint_dir(plain, 0)) == [180, 200]  # the others' notes stay: saves that happened
+
+    resumed = make_study(here / "resumed", **override)
+    run_killed(resumed, 0, 110)
+    assert saved_steps(checkpoint_dir(resumed, 0)) == [80, 100]
+    run(resumed)
+    assert trials(resumed)[0].user_attrs["resumed_from"] == [100]
+    assert _notes(Path(resumed["workdir"]), 0) == saves
