@@ -334,6 +334,7 @@ class TrialCheckpoints:
             self._manager.save(step, args=ocp.args.StandardSave(packing.pack(state)), metrics=metrics, force=True)
             self._manager.wait_until_finished()
             integrity.make_durable(self.directory / str(step))
+            log.debug("%s: step %d saved (%s)", self.label, step, self.directory / str(step))  # --verbose
         self._drop_stale_checksums()
         if self.on_commit is not None:
             for step, _, _ in items:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -38,6 +39,12 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     # as one line (a full disk, say), so only CRITICAL gets through without --verbose.
     for name in ("absl", "jax", "orbax"):
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.CRITICAL)
+    # Even with --verbose, Orbax's INFO lines (through absl: ~40 per save, "Initiated Pytree
+    # async_save", "Finished saving checkpoint", ...) stay out: sweep says each save in one line.
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _OrbaxChatter) for f in absl.filters):
+        absl.addFilter(_OrbaxChatter())
+    logging.getLogger("orbax").setLevel(logging.WARNING if verbose else logging.CRITICAL)
     # After a failed Orbax restore, the exception of one of its asyncio tasks may be collected at
     # exit unretrieved, and asyncio logs it with its traceback (at ERROR): the restore error itself
     # is reported to the user, so this echo is library noise too.
@@ -45,6 +52,13 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
     route_warnings(verbose, handler)
     if not verbose:
         sys.unraisablehook = _quiet_closed_loop
+
+
+class _OrbaxChatter(logging.Filter):
+    """Drops absl records below WARNING logged from Orbax's modules; other libraries' absl logs pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
 def route_warnings(verbose: bool, handler: logging.Handler | None = None) -> None:
