@@ -3,12 +3,13 @@
 Everything else in sweep uses their public APIs only (tests/test_structure.py holds this): when a
 release of one of them changes what is used here, this file is the whole list of what to check.
 Optuna, JAX and Orbax are imported inside the functions: readers of a study (status, plan, export)
-must not import JAX or Orbax, and importing this module costs nothing.
+must not import JAX or Orbax, and importing this module costs nothing. optuna-dashboard's stored
+layout of notes and figures is here too.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,6 +95,49 @@ def sampler_random_states(obj: Any, depth: int = 0, seen: set[int] | None = None
             yield value
         elif isinstance(value, BaseSampler):
             yield from sampler_random_states(value, depth + 1, seen)
+
+
+# --- optuna-dashboard: where it reads a note and a figure --------------------------------------
+
+# optuna-dashboard (0.21) keeps notes and figures as study system attributes, each text cut into
+# pieces of this many characters (optuna_dashboard/_note.py, _custom_plot_data.py).
+DASHBOARD_PIECE = 2045
+
+
+def dashboard_note_attrs(stored: Mapping[str, Any], trial_id: int | None, body: str) -> dict[str, Any]:
+    """The study system attributes that make `body` the dashboard's note of a trial (its storage
+    id) or of the study (None), replacing the note in `stored` (the study's system attributes
+    now): its text in pieces, the old note's extra pieces emptied, its version one up (last).
+
+    optuna_dashboard.save_note writes these, but importing optuna_dashboard costs a `run` process
+    1-2 s (its server imports optuna.importance, hence scikit-learn) and save_note wants an
+    `optuna.Trial`, whose constructor calls the sampler's before_trial. Its readers (get_note, the
+    server) are what tests/tracking/test_dashboard.py reads the notes back with."""
+    owner = "" if trial_id is None else f"{trial_id}:"
+    version_key, prefix = f"dashboard:{owner}note_ver", f"dashboard:{owner}note_str:"
+    return {**_pieces(stored, prefix, body), version_key: int(stored.get(version_key, 0)) + 1}
+
+
+def dashboard_note(stored: Mapping[str, Any], trial_id: int | None) -> str | None:
+    """The dashboard's note of a trial or of the study in `stored`, as its server reads it; None where none was written."""
+    owner = "" if trial_id is None else f"{trial_id}:"
+    if f"dashboard:{owner}note_ver" not in stored:
+        return None
+    prefix = f"dashboard:{owner}note_str:"
+    return "".join(stored[f"{prefix}{i}"] for i in range(sum(1 for k in stored if k.startswith(prefix))))
+
+
+def dashboard_figure_attrs(stored: Mapping[str, Any], graph_id: str, figure_json: str) -> dict[str, str]:
+    """The study system attributes that make `figure_json` (a plotly figure's JSON) the dashboard's
+    figure `graph_id`, replacing the one in `stored`: what optuna_dashboard.save_plotly_graph_object
+    writes from a `plotly.graph_objects.Figure` (the same import cost; see dashboard_note_attrs)."""
+    return _pieces(stored, f"dashboard:plot_data:{graph_id}:", figure_json)
+
+
+def _pieces(stored: Mapping[str, Any], prefix: str, text: str) -> dict[str, str]:
+    n = -(-len(text) // DASHBOARD_PIECE)
+    old = sum(1 for k in stored if k.startswith(prefix))
+    return {f"{prefix}{i}": text[i * DASHBOARD_PIECE:(i + 1) * DASHBOARD_PIECE] for i in range(max(n, old))}
 
 
 # --- JAX and Orbax ---------------------------------------------------------------------------------

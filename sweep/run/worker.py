@@ -26,6 +26,7 @@ from sweep.store.samplers import grid_points, suggest_all
 from sweep.store.session import Session
 from sweep.study import objectives
 from sweep.tracking.curves import Tracker
+from sweep.tracking.dashboard import Dashboard
 from sweep.train.compiled import forget_taken_grid_points
 from sweep.train.ledger import RESUMES_ATTR
 from sweep.train.compile_events import use_compilation_cache
@@ -64,17 +65,20 @@ def run(session: Session, stop: StopSignal) -> None:
     deadline = time.monotonic() + config.study.timeout if config.study.timeout else None
     claims.start_heartbeat()
     tracker.wait_made()
+    dashboard = Dashboard(session)
+    dashboard.started()
     try:
         while True:
             stop.check()
             with claims.ask_lock():
                 claimed = _next_trial(session, deadline)
             if claimed is not None:
-                _run_claimed(session, ckpts, claimed, stop, code, tracker)
+                _run_claimed(session, ckpts, claimed, stop, code, tracker, dashboard)
             elif _others_running(session) and not _past(deadline):
                 time.sleep(WAIT_POLL_S)  # another worker runs the rest; adopt its trial if it dies
             else:
                 break
+        dashboard.run_ended()
         _wait_uploads(ckpts)
         # One more pass as the run ends: the ranking is final now, and only this host can remove
         # its own stale copies (a trial it was interrupted on that another host finished after
@@ -175,7 +179,7 @@ def _told(session: Session, number: int, outcome: Outcome) -> float | list[float
 
 
 def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, stop: StopSignal,
-                 code: dict[str, Any], tracker: Tracker) -> None:
+                 code: dict[str, Any], tracker: Tracker, dashboard: Dashboard) -> None:
     config, claims = session.config, session.claims
     key = claims.key(claimed.number)
     fence = functools.partial(claims.check, key, f"trial {claimed.number}")
@@ -216,11 +220,15 @@ def _run_claimed(session: Session, ckpts: StudyCheckpoints, claimed: Claimed, st
         outcome = run_attempts(session, ckpts, ClaimedTrial(trial, frozen, params, Path(ckpt_dir), fence, resumes,
                                                      resumed=claimed.adopted), stop, tracker)
         fence()  # before the tell
+        # Its note before the tell: a kill between leaves it unfinished, and its next end writes the note.
+        if outcome is None or outcome.state != "PAUSED":
+            dashboard.trial_ended(claimed.number, outcome.state if outcome is not None else "FAIL")
         if outcome is None:
             session.tell(trial, state=TrialState.FAIL)
         elif outcome.state == "PAUSED":
             with claims.ask_lock():  # the decisions of other workers see it running or paused, never between
                 scheduler.pause(session, claimed.number, outcome.last_step)
+            dashboard.trial_ended(claimed.number, "PAUSED")  # once its pause is recorded, which the note shows
             return  # not finished: its checkpoints stay, its claim is released (finally)
         elif outcome.state == "COMPLETE":
             session.tell(trial, _told(session, claimed.number, outcome))

@@ -9,7 +9,7 @@ session by the run loop). Optuna's private internals are used in sweep/internals
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -280,6 +280,20 @@ class Session:
     def study_attrs(self) -> dict[str, Any]:
         """The study's user attributes, read now from the storage."""
         return self.storage.get_study_user_attrs(self.study_id)
+
+    def study_system_attrs(self) -> dict[str, Any]:
+        """The study's system attributes (Optuna's and optuna-dashboard's: notes, figures), read now."""
+        return self.storage.get_study_system_attrs(self.study_id)
+
+    def set_study_system_attrs(self, attrs: Mapping[str, Any]) -> None:
+        """Set study system attributes, in order. Two workers may insert the same new key at once
+        (a figure each writes as its run ends): Optuna inserts the row when it finds none, so the
+        loser's insert fails on the unique key; written again, it updates the row the winner made."""
+        for key, value in attrs.items():
+            try:
+                self.storage.set_study_system_attr(self.study_id, key, value)
+            except Exception:
+                self.storage.set_study_system_attr(self.study_id, key, value)
 
     def set_intermediate(self, number: int, step: int, value: float) -> None:
         """Trial `number`'s reported value at `step` (a PBT recipient's copy of its donor's value there)."""
