@@ -286,14 +286,11 @@ class Session:
         return self.storage.get_study_system_attrs(self.study_id)
 
     def set_study_system_attrs(self, attrs: Mapping[str, Any]) -> None:
-        """Set study system attributes, in order. Two workers may insert the same new key at once
-        (a figure each writes as its run ends): Optuna inserts the row when it finds none, so the
-        loser's insert fails on the unique key; written again, it updates the row the winner made."""
+        """Set study system attributes, in order. Where two workers insert the same new key at once
+        (the figure each writes as its run ends), Optuna drops the second insert (it ignores the
+        unique key's error): the first one's value stands."""
         for key, value in attrs.items():
-            try:
-                self.storage.set_study_system_attr(self.study_id, key, value)
-            except Exception:
-                self.storage.set_study_system_attr(self.study_id, key, value)
+            self.storage.set_study_system_attr(self.study_id, key, value)
 
     def set_intermediate(self, number: int, step: int, value: float) -> None:
         """Trial `number`'s reported value at `step` (a PBT recipient's copy of its donor's value there)."""

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -214,14 +214,24 @@ class Dashboard:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._figure_at = time.monotonic()  # this process's last figure (or its start)
+        self._warned: set[str] = set()  # what failed here already: a storage that refuses is said once
+
+    def _tolerant(self, kind: str, what: str, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except Exception as exc:  # noqa: BLE001 - what the dashboard shows: never a trial's or the run's fault
+            said = kind in self._warned
+            self._warned.add(kind)
+            (log.debug if said else log.warning)("optuna-dashboard: %s not written (%s: %s); the next ones are not "
+                                                 "said", what, type(exc).__name__, exc)
 
     def started(self) -> None:
         """The run starts: name the objectives (Optuna's metric names, which the dashboard shows)."""
-        _tolerant("the objectives' names", self._name_objectives)
+        self._tolerant("names", "the objectives' names", self._name_objectives)
 
     def trial_ended(self, number: int, state: str) -> None:
         """Trial `number`'s run ended `state` here; its record is written, the tell (or pause) comes next."""
-        _tolerant(f"trial {number}'s note", lambda: self._write_note(number, state))
+        self._tolerant("note", f"trial {number}'s note", lambda: self._write_note(number, state))
         if time.monotonic() - self._figure_at >= FIGURE_EVERY_S:
             self.run_ended()
 
@@ -229,7 +239,7 @@ class Dashboard:
         """The run's trials are done: the study's figure and note from every trial now, and the
         notes that are missing or say another state than their trial's (see `_stale`)."""
         self._figure_at = time.monotonic()
-        _tolerant("the study's figure and notes", self._write_study)
+        self._tolerant("study", "the study's figure and notes", self._write_study)
 
     def _name_objectives(self) -> None:
         study, names = self.session.study, [o.metric for o in self.session.config.study.all_objectives]
@@ -270,11 +280,4 @@ def _stale(trials: Sequence[FrozenTrial], stored: Mapping[str, Any]) -> list[tup
             if note is None or (note.startswith("## Trial ") and not note.startswith(heading(t.number, state) + "\n")):
                 found.append((t, state))
     return found
-
-
-def _tolerant(what: str, write: Any) -> None:
-    try:
-        write()
-    except Exception as exc:  # noqa: BLE001 - what the dashboard shows: never a trial's or the run's fault
-        log.warning("optuna-dashboard: %s not written (%s: %s)", what, type(exc).__name__, exc)
 

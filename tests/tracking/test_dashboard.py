@@ -43,5 +43,14 @@ def test_dashboard_reads_the_study_and_its_trials_over_http(write_study):
         assert all(t["state"] in ("Complete", "Pruned") for t in trials)
         assert all(t["intermediate_values"] for t in trials)
         assert {a["key"] for a in trials[0]["user_attrs"]} >= {"checkpoint_dir", "best_step"}
+        # What sweep wrote for the dashboard, through the CLI's run: a note per trial, the figure, the names
+        assert detail["objective_names"] == ["val_loss"]
+        assert [t["note"]["body"].split("\n")[0] for t in trials] == [
+            f"## Trial {t['number']}: {t['state'].upper()}" for t in trials]
+        assert [g["id"] for g in detail["plotly_graph_objects"]] == ["sweep-curves"]
+        curves = json.loads(detail["plotly_graph_objects"][0]["graph_object"])["data"]
+        panels = {c["yaxis"] for c in curves}  # one a metric: the trial's (val_loss, accuracy) and train_loss
+        assert len(panels) == 3 and {(c["name"], c["yaxis"]) for c in curves} == {
+            (f"trial {n}", y) for n in (0, 1) for y in panels}
     finally:
         server.shutdown()
