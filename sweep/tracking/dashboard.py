@@ -174,36 +174,32 @@ def study_note(config: Config, trials: Sequence[FrozenTrial]) -> str:
 
 
 def curves_figure(config: Config, trials: Sequence[FrozenTrial]) -> dict[str, Any]:
-    """A plotly figure (as its JSON object): one panel per metric, stacked, sharing the step axis;
-    one line per trial, its colour the same in every panel. A trial's curve is its `eval:<step>`
-    records, else its reports (the objective only)."""
+    """A plotly figure (as its JSON object) of every metric's curves: one line per trial (one colour
+    per trial), one metric shown at a time, chosen by the buttons above it (the dashboard draws a
+    figure in a card of fixed height: stacked panels would not fit). A trial's curve is its
+    `eval:<step>` records, else its reports (the objective only). Each line's `meta` is its metric."""
     objective = config.study.objective.metric
     curves = {t.number: record.history(t) or {s: {objective: v} for s, v in t.intermediate_values.items()}
               for t in trials}
     names = {m for h in curves.values() for row in h.values() for m in row}
     metrics = sorted(names, key=lambda m: (m != objective, m == record.TRAIN_LOSS, m))
-    n = max(1, len(metrics))
-    data, layout = [], {"title": {"text": f"{config.name}: every metric's curves"}, "height": 260 * n + 80,
-                        "legend": {"title": {"text": "trial"}}, "hovermode": "closest"}
-    for i, metric in enumerate(metrics):
-        axis = "" if i == 0 else str(i + 1)
-        top, gap = 1 - i / n, 0.08 / n
-        layout[f"yaxis{axis}"] = {"title": {"text": metric}, "domain": [max(0.0, top - 1 / n + gap), top],
-                                  "anchor": f"x{axis}"}
-        layout[f"xaxis{axis}"] = {"anchor": f"y{axis}", "matches": "x" if i else None,
-                                  "title": {"text": "step"} if i == n - 1 else None}
+    data = []
+    for metric in metrics:
         for number, h in sorted(curves.items()):
             steps = sorted(s for s, row in h.items() if metric in row)
-            if not steps:
-                continue
-            data.append({"type": "scatter", "mode": "lines+markers", "name": f"trial {number}",
-                         "legendgroup": str(number), "showlegend": i == 0, "xaxis": f"x{axis}", "yaxis": f"y{axis}",
-                         "line": {"color": PALETTE[number % len(PALETTE)]}, "marker": {"size": 4},
-                         "x": steps, "y": [h[s][metric] for s in steps],
-                         "hovertemplate": f"trial {number}<br>step %{{x}}<br>{metric} %{{y}}<extra></extra>"})
-    for key in list(layout):
-        if isinstance(layout[key], dict):
-            layout[key] = {k: v for k, v in layout[key].items() if v is not None}
+            if steps:
+                data.append({"type": "scatter", "mode": "lines+markers", "name": f"trial {number}", "meta": metric,
+                             "visible": metric == metrics[0], "line": {"color": PALETTE[number % len(PALETTE)]},
+                             "marker": {"size": 4}, "x": steps, "y": [h[s][metric] for s in steps],
+                             "hovertemplate": f"trial {number}<br>step %{{x}}<br>{metric} %{{y}}<extra></extra>"})
+    buttons = [{"label": metric, "method": "update",
+                "args": [{"visible": [d["meta"] == metric for d in data]}, {"yaxis.title.text": metric}]}
+               for metric in metrics]
+    layout = {"xaxis": {"title": {"text": "step"}},  # no title: the buttons name the metrics
+              "yaxis": {"title": {"text": metrics[0] if metrics else objective}},
+              "legend": {"title": {"text": "trial"}}, "hovermode": "closest", "margin": {"t": 60},
+              "updatemenus": [{"type": "buttons", "direction": "right", "buttons": buttons, "showactive": True,
+                               "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}] if len(metrics) > 1 else []}
     return {"data": data, "layout": layout}
 
 

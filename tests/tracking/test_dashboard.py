@@ -49,8 +49,7 @@ def test_dashboard_reads_the_study_and_its_trials_over_http(write_study):
             f"## Trial {t['number']}: {t['state'].upper()}" for t in trials]
         assert [g["id"] for g in detail["plotly_graph_objects"]] == ["sweep-curves"]
         curves = json.loads(detail["plotly_graph_objects"][0]["graph_object"])["data"]
-        panels = {c["yaxis"] for c in curves}  # one a metric: the trial's (val_loss, accuracy) and train_loss
-        assert len(panels) == 3 and {(c["name"], c["yaxis"]) for c in curves} == {
-            (f"trial {n}", y) for n in (0, 1) for y in panels}
+        assert {(c["name"], c["meta"]) for c in curves} == {  # a line per trial and metric
+            (f"trial {n}", m) for n in (0, 1) for m in ("val_loss", "val_accuracy", "train_loss")}
     finally:
         server.shutdown()

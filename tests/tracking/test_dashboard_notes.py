@@ -81,15 +81,15 @@ def test_each_trial_has_its_story_as_a_note_and_every_metric_a_curve_in_the_figu
     (graph,) = served["plotly_graph_objects"]
     assert graph["id"] == FIGURE_ID
     figure = plotly.io.from_json(graph["graph_object"])  # a valid plotly figure (plotly validates it)
-    traces = {(tr.name, tr.yaxis): tr for tr in figure.data}
-    panels = {figure.layout[f"yaxis{tr.yaxis[1:]}"].title.text for tr in figure.data}
-    assert panels == {"val_loss", "train_loss"}
+    traces = {(tr.name, tr.meta): tr for tr in figure.data}  # a line per trial and metric, its metric in `meta`
+    metrics = [b.label for b in figure.layout.updatemenus[0].buttons]  # the buttons that show one metric each
+    assert metrics == ["val_loss", "train_loss"] and len(traces) == len(figure.data) == 2 * len(stored)
     for number, frozen in stored.items():
-        for metric in panels:
-            axis = next(tr.yaxis for tr in figure.data if figure.layout[f"yaxis{tr.yaxis[1:]}"].title.text == metric)
-            curve = traces[(f"trial {number}", axis)]
-            rows = record.history(frozen)
+        rows = record.history(frozen)
+        for metric in metrics:
+            curve = traces[(f"trial {number}", metric)]
             assert list(curve.x) == sorted(rows) and list(curve.y) == [rows[s][metric] for s in sorted(rows)]
+            assert curve.visible == (metric == "val_loss")
 
 
 def test_a_killed_trial_ends_with_one_note_telling_its_interruption_and_a_rerun_keeps_an_edited_note(here):
