@@ -118,8 +118,8 @@ def _runs(trial: FrozenTrial) -> list[str]:
     if attrs.get(record.RESUMES):
         lines.append(f"- **Interruptions**: {attrs[record.RESUMES]} (runs that ended without finishing it).")
     if attrs.get(record.RESUMED_FROM):
-        lines.append(f"- **Restored** from its checkpoint at step {listing(attrs[record.RESUMED_FROM])} (a resume, "
-                     "a promotion or a retry each).")
+        lines.append(f"- **Resumed** from its checkpoint at step {listing(attrs[record.RESUMED_FROM])} (after an "
+                     "interruption or a retry each; promotions are in its path).")
     if attrs.get(record.FAILURES):
         lines.append(f"- **Failures**: {attrs[record.FAILURES]}; last error: `{attrs.get(record.ERROR, '')}`.")
     if attrs.get(record.CONTINUED_FROM):

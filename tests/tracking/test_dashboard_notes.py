@@ -102,7 +102,7 @@ def test_a_killed_trial_ends_with_one_note_telling_its_interruption_and_a_rerun_
     assert killed["body"].count("## Trial 0: COMPLETE\n") == 1 and "## Trial " not in killed["body"][3:]
     assert "- **Interruptions**: 1 (runs that ended without finishing it)." in killed["body"]
     restored = trials(study)[0].user_attrs[record.RESUMED_FROM]
-    assert f"- **Restored** from its checkpoint at step {restored[0]}" in killed["body"]
+    assert f"- **Resumed** from its checkpoint at step {restored[0]}" in killed["body"]
 
     # An edit made in the dashboard (its own PUT, with the next version) survives a rerun of the finished study.
     url = f"sqlite:///{study['workdir']}/study.db"
