@@ -67,6 +67,15 @@ def _parser() -> argparse.ArgumentParser:
     drill.add_argument("study_file", metavar="STUDY.yaml")
     drill.add_argument("--seed", type=int, default=None, help="seed of the random kill step")
     drill.add_argument("--keep", action="store_true", help="keep the drill's temporary workdir")
+    retry = sub.add_parser("retry", help="train FAIL trials again under their number and params (after fixing the "
+                                         "code), then run the study as `run` does")
+    retry.add_argument("study_file", metavar="STUDY.yaml")
+    retry.add_argument("--trial", type=int, action="append", metavar="N", help="only trial N (repeatable; default: "
+                       "every FAIL trial)")
+    retry.add_argument("--from-scratch", action="store_true", help="from step 0 (its checkpoints removed), not from "
+                       "its newest checkpoint")
+    retry.add_argument("--n-jobs", type=_n_jobs, default=None, metavar="N|auto", help="as for run")
+    retry.add_argument("--quiet", action="store_true", help="only warnings, errors and the summary")
     replay = sub.add_parser("replay", help="scheduler pbt: retrain a trial's lineage from scratch and compare its "
                                            "final state with the saved one, bit for bit")
     replay.add_argument("study_file", metavar="STUDY.yaml")
@@ -87,6 +96,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import sweep
+    from sweep.run import logs
     from sweep.run import pool as workers
 
     if isinstance(args.n_jobs, int) and args.n_jobs < 1:
@@ -96,9 +106,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     try:
         with sweep.open(args.study_file) as session:
+            if args.command == "retry":  # reopen the FAIL trials, then run: it resumes them
+                logs.setup(args.quiet)
+                session.retry(args.trial, from_scratch=args.from_scratch)
             # The summary instead of status(): it skips reading every trial again (a big study).
-            session.run(args.n_jobs, quiet=args.quiet, verbose=args.verbose, log_every=args.log_every,
-                        exit_on_signal=True, read_status=False)
+            session.run(args.n_jobs, quiet=args.quiet, verbose=getattr(args, "verbose", False),
+                        log_every=getattr(args, "log_every", 30.0), exit_on_signal=True, read_status=False)
             print(session.summary())
             # exit 0 needs a COMPLETE trial (docs/reference.md, exit codes), feasible or not
             why = incomplete(session.config)
@@ -220,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"run": _cmd_run, "status": _cmd_status, "export": _cmd_export, "plot": _cmd_plot,
                 "plan": _cmd_plan, "drill": _cmd_drill, "replay": _cmd_replay,
-                "continue": _cmd_continue}[args.command](args)
+                "continue": _cmd_continue, "retry": _cmd_run}[args.command](args)
     except Interrupted as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -219,6 +219,28 @@ class StudySession:
 
         return replay(self._session, trial)
 
+    def retry(self, trials: list[int] | None = None, *, from_scratch: bool = False) -> list[int]:
+        """Reopen FAIL trials (default: every one; else those numbered in `trials`) for the next
+        `run()` to train again under the same number and params, from their newest checkpoint or,
+        with `from_scratch`, from step 0; returns the numbers reopened (see `python -m sweep retry`).
+
+        Raises:
+            ConfigError: the study file changed keys that define what its trials mean.
+            UsageError: a number that is no FAIL trial; `from_scratch` with checkpoint.remote.
+        """
+        from sweep.checkpoints.tiers import tier_class
+        from sweep.commands.retry import reopen
+        from sweep.run import preflight
+        from sweep.store.samplers import check_config
+
+        check_config(self.config)  # what `run` refuses (exit 2) is refused before a trial is reopened
+        tier_class(self.config)
+        preflight.check(self.config)  # the fixed code trains and evaluates (an abstract step)
+        try:
+            return reopen(self._session, trials, from_scratch)
+        finally:
+            self.close()  # run opens it again
+
     def continue_(self, steps: int, top: int | None = None, trials: list[int] | None = None, *,
                   quiet: bool = False, exit_on_signal: bool = False) -> StudySession:
         """Train finished trials further to `steps` steps, as `python -m sweep continue`: the `top`

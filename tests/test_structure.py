@@ -192,7 +192,7 @@ def test_study_session_shows_only_its_documented_methods():
 
     public = {name for name in dir(sweep.StudySession) if not name.startswith("_")}
     assert public == {"close", "config", "continue_", "continued", "drill", "export", "load_best", "plan", "plot",
-                      "replay", "run", "status", "summary"}
+                      "replay", "retry", "run", "status", "summary"}
 
 
 def test_errors_users_catch_are_exported_from_the_package():

@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.errors import StudyNotFound, SweepError, one_line
 from sweep.store.outage import Outages, retrying_storage_class
+from sweep.store.record import EVAL_ATTR_PREFIX
 from sweep.store.samplers import RestartProofSampler, build_pruner, build_sampler
 from sweep.study import fingerprint
 from sweep.study.config import Config
@@ -326,3 +327,33 @@ def read_trials(engine: Any, study_id: int, states: Sequence[Any] | None, prefix
                                user_attrs=p["user"], system_attrs=p["system"], intermediate_values=p["inter"],
                                trial_id=tid))
     return out
+
+
+# --- the one write sweep makes to Optuna's tables itself ------------------------------------------
+
+
+def reopen_failed(engine: Any, study_id: int, number: int, keep_through: int | None) -> bool:
+    """FAIL trial `number` back to RUNNING (no worker holds it: `run` resumes it as an interrupted
+    trial), in one transaction with the removal of its reports and `eval:<step>` rows past step
+    `keep_through` (all of them where None): a retry trains those steps again, maybe with fixed code,
+    and Optuna keeps a step's first report. False where it is no FAIL trial (anymore). Optuna has no
+    API for this: its storage never changes a finished trial."""
+    import sqlalchemy as sa
+    from optuna.trial import TrialState
+
+    t, _, _, inter, attrs, _ = _tables()
+    with engine.begin() as conn:
+        trial_id = conn.execute(sa.select(t.c.trial_id).where(
+            t.c.study_id == study_id, t.c.number == number, t.c.state == TrialState.FAIL)).scalar()
+        if trial_id is None:
+            return False
+        conn.execute(t.update().where(t.c.trial_id == trial_id).values(state=TrialState.RUNNING,
+                                                                       datetime_complete=None))
+        floor = -1 if keep_through is None else keep_through
+        conn.execute(inter.delete().where(inter.c.trial_id == trial_id, inter.c.step > floor))
+        stale = [key for key in conn.execute(sa.select(attrs.c.key).where(
+            attrs.c.trial_id == trial_id, attrs.c.key.like(f"{EVAL_ATTR_PREFIX}%"))).scalars()
+            if int(key[len(EVAL_ATTR_PREFIX):]) > floor]
+        if stale:
+            conn.execute(attrs.delete().where(attrs.c.trial_id == trial_id, attrs.c.key.in_(stale)))
+    return True

@@ -27,6 +27,10 @@ METRICS = "metrics"  # every declared metric at the best step
 RESUMES = "resumes"  # interruptions: runs that ended without finishing it (sweep/train/ledger.py)
 RESUMED_FROM = "resumed_from"  # the steps it was resumed from after an interruption
 FAILURES, ERROR = "failures", "error"  # retries used, and the last error (truncated)
+# Each `retry` of a FAIL trial (sweep/commands/retry.py), in order: {"error", "failures", "last_step",
+# "from_step"}: the failure it ended with, the retries max_retries had used, its last evaluated step,
+# the step the retry went on from (0 from scratch).
+RETRIED = "retried"
 LEDGER = "ledger"  # where its time went (sweep/train/ledger.py)
 DEVICES = "devices"  # ["<platform>:<host index>", ...]: the devices its latest run trained on (sweep/host/slots.py)
 CONTINUED_FROM = "continued_from"  # {"study", "number", "last_step"} of the trial `continue` trains further

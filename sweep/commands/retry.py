@@ -1,0 +1,72 @@
+"""`retry`: FAIL trials run again under their number and params, from their newest checkpoint or
+from scratch, once the code that failed them is fixed.
+
+A retried trial is reopened in Optuna's storage as a RUNNING trial that no worker holds, the state
+a killed run leaves; `run` then resumes it as it resumes any interrupted trial, so `n_trials` stays
+exact (it was counted as finished, and is again once it ends) and an interrupted retry continues
+with the same command. Its earlier failures stay in its record (`retried`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from optuna.trial import TrialState
+
+from sweep.checkpoints.steps import newest_step
+from sweep.errors import UsageError
+from sweep.store import rdb
+from sweep.store.record import ERROR, EVAL_ATTR_PREFIX, FAILURES, RETRIED
+from sweep.store.session import Session
+from sweep.words import listing
+
+log = logging.getLogger("sweep")
+
+
+def reopen(session: Session, numbers: list[int] | None = None, from_scratch: bool = False) -> list[int]:
+    """Reopen the FAIL trials numbered `numbers` (default: every FAIL trial) for `run` to resume;
+    returns the numbers reopened. `from_scratch` removes their checkpoints first.
+
+    Raises:
+        ConfigError: the study file changed keys that define what its trials mean (nothing changed).
+        UsageError: a number is no FAIL trial of the study; `from_scratch` with checkpoint.remote.
+    """
+    config = session.open(create=False).config
+    session.check_unchanged()  # a retry trains the trial the study defined, or nothing
+    states = session.trial_states()
+    for n in numbers or []:
+        if n not in states:
+            raise UsageError(f"--trial {n}: study {config.name!r} has no trial {n}")
+        if states[n] != TrialState.FAIL:
+            raise UsageError(f"--trial {n}: trial {n} is {states[n].name}, not FAIL: only failed trials are retried")
+    if from_scratch and config.study.checkpoint.remote is not None:
+        # The bucket's steps would be fetched again: removing them is the user's call, not a retry's.
+        raise UsageError("--from-scratch: not with checkpoint.remote (a retry resumes from the bucket's steps); "
+                         "retry from the newest checkpoint, or remove the trial's steps from the bucket first")
+    chosen = sorted(set(numbers)) if numbers else sorted(n for n, s in states.items() if s == TrialState.FAIL)
+    done = []
+    for n in chosen:
+        attrs = session.trial(n).user_attrs
+        folder = config.checkpoint_dir(n)
+        if from_scratch:
+            shutil.rmtree(folder, ignore_errors=True)  # a kill before the reopen leaves a FAIL trial to retry
+        step = newest_step(folder)
+        entry = {"error": attrs.get(ERROR), "failures": attrs.get(FAILURES, 0),
+                 "last_step": max((int(k[len(EVAL_ATTR_PREFIX):]) for k in attrs if k.startswith(EVAL_ATTR_PREFIX)),
+                                  default=None),
+                 "from_step": step or 0}
+        if not rdb.reopen_failed(session.storage.engine, session.study_id, n, step):
+            continue  # another process retried it meanwhile
+        session.set_trial_attr(n, RETRIED, [*attrs.get(RETRIED, []), entry])
+        session.set_trial_attr(n, FAILURES, 0)  # max_retries applies to the retry afresh
+        error = (str(attrs.get(ERROR) or "an error").splitlines() or [""])[0]
+        log.info("trial %d: retried from %s (it failed with %s)", n,
+                 f"its newest checkpoint, step {step}" if step is not None else "step 0",
+                 error if len(error) <= 160 else error[:160] + "...")
+        done.append(n)
+    if not done:
+        log.info("no FAIL trial to retry in study %r", config.name)
+    else:
+        log.info("retrying trials %s: run resumes them", listing(done))
+    return done
