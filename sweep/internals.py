@@ -55,6 +55,14 @@ def trial_tables() -> tuple[Any, ...]:
                                                 m.TrialSystemAttributeModel))
 
 
+def study_system_attr_table() -> Any:
+    """The SQLAlchemy table of Optuna's study system attributes (private models, as trial_tables):
+    optuna-dashboard's notes live there, and a note's write reads only its own rows."""
+    from optuna.storages._rdb import models as m
+
+    return m.StudySystemAttributeModel.__table__
+
+
 def stored_value(value: float | None, kind: Any) -> float:
     """An objective value as Optuna reads it back from its row (infinities are stored apart): the
     private models' own conversion, so that the narrow readers read what Optuna would."""

@@ -329,6 +329,20 @@ def read_trials(engine: Any, study_id: int, states: Sequence[Any] | None, prefix
     return out
 
 
+def study_system_attrs(engine: Any, study_id: int, prefix: str) -> dict[str, Any]:
+    """The study's system attributes whose key starts with `prefix` (Optuna's reader loads them all:
+    in a study of thousands of trials, every dashboard note's pieces)."""
+    import sqlalchemy as sa
+
+    from sweep.internals import study_system_attr_table
+
+    a = study_system_attr_table()
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(a.c.key, a.c.value_json).where(
+            a.c.study_id == study_id, a.c.key.startswith(prefix, autoescape=True))).all()
+    return {key: json.loads(value) for key, value in rows}
+
+
 # --- the one write sweep makes to Optuna's tables itself ------------------------------------------
 
 

@@ -281,9 +281,13 @@ class Session:
         """The study's user attributes, read now from the storage."""
         return self.storage.get_study_user_attrs(self.study_id)
 
-    def study_system_attrs(self) -> dict[str, Any]:
-        """The study's system attributes (Optuna's and optuna-dashboard's: notes, figures), read now."""
-        return self.storage.get_study_system_attrs(self.study_id)
+    def study_system_attrs(self, prefix: str | None = None) -> dict[str, Any]:
+        """The study's system attributes (Optuna's and optuna-dashboard's: notes, figures), read now;
+        only those whose key starts with `prefix` where given (one narrow query)."""
+        if prefix is None:
+            return self.storage.get_study_system_attrs(self.study_id)
+        return self.storage.outages.call(lambda: storage_lib.study_system_attrs(self.storage.engine, self.study_id,
+                                                                                prefix), what="reading study attributes")
 
     def set_study_system_attrs(self, attrs: Mapping[str, Any]) -> None:
         """Set study system attributes, in order. Where two workers insert the same new key at once

@@ -32,6 +32,7 @@ FIGURE_ID = "sweep-curves"  # the figure's id: each write replaces it
 # A trial's end writes the figure again at most this often per process (it reads every trial's
 # curves); the end of a run always writes it.
 FIGURE_EVERY_S = 60.0
+STUDY_FIGURE_MAX_TRIALS = 1000  # the study figure and note up to this many trials (see _write_study)
 # The figure's colours, one per trial number (plotly's own qualitative palette), so that a trial
 # has one colour in every metric's panel.
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",
@@ -247,12 +248,18 @@ class Dashboard:
     def _write_note(self, number: int, state: str) -> None:
         session = self.session
         trial = session.trial(number)
-        body = trial_note(session.config, trial, state)
-        session.set_study_system_attrs(internals.dashboard_note_attrs(session.study_system_attrs(),
-                                                                      internals.trial_id(trial), body))
+        body, trial_id = trial_note(session.config, trial, state), internals.trial_id(trial)
+        # Its own rows only: Optuna's reader would load every note of the study at every trial's end.
+        stored = session.study_system_attrs(f"dashboard:{trial_id}:")
+        session.set_study_system_attrs(internals.dashboard_note_attrs(stored, trial_id, body))
 
     def _write_study(self) -> None:
         session, config = self.session, self.session.config
+        if session.n_trials_all() > STUDY_FIGURE_MAX_TRIALS:
+            # Every trial's record (seconds per thousand trials) and a figure of every curve, each
+            # minute: a big study keeps its trials' notes, without the study's figure and note.
+            log.debug("optuna-dashboard: no study figure or note for more than %d trials", STUDY_FIGURE_MAX_TRIALS)
+            return
         trials = session.trials()
         figure = json.dumps(curves_figure(config, trials), separators=(",", ":"))
         stored = session.study_system_attrs()
