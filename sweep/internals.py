@@ -9,6 +9,7 @@ layout of notes and figures is here too.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:
@@ -169,3 +170,39 @@ def uncompressed_standard_handler() -> Any:
     handler = ocp.StandardCheckpointHandler()
     handler._impl = ocp.PyTreeCheckpointHandler(use_compression=False)
     return handler
+
+
+_CPU_KEY = threading.local()  # set while JAX computes the cache key of a CPU program
+
+
+def cache_key_without_cpu_device_assignment() -> None:
+    """JAX's persistent-cache key of a CPU program without the devices it was compiled for, as JAX
+    already keys GPU programs (jax/_src/cache_key.py strips the device assignment for "gpu" only).
+
+    Workers on forced CPU devices each train on their own (cpu:0, cpu:1, ...), and the device
+    assignment in the compile options made the same program 4 keys: no worker ever read another's
+    executable. JAX deserializes a cached executable onto the devices of the call
+    (`executable_devices`), so one compiled for cpu:0 runs on cpu:2 (checked, also for a 2-device
+    program moved from (0, 1) to (2, 3)). No public option: `get` is wrapped to know the platform,
+    which the compile-options hash it calls does not receive. Idempotent.
+    """
+    from jax._src import cache_key
+
+    if getattr(cache_key.get, "_sweep", False):
+        return
+    original_get, original_hash = cache_key.get, cache_key._hash_serialized_compile_options
+
+    def get(module: Any, devices: Any, compile_options: Any, backend: Any, *args: Any, **kwargs: Any) -> str:
+        _CPU_KEY.on = backend.platform == "cpu"
+        try:
+            return original_get(module, devices, compile_options, backend, *args, **kwargs)
+        finally:
+            _CPU_KEY.on = False
+
+    def hash_options(hash_obj: Any, compile_options: Any, strip_device_assignment: bool = False) -> Any:
+        strip = strip_device_assignment or getattr(_CPU_KEY, "on", False)
+        return original_hash(hash_obj, compile_options, strip_device_assignment=strip)
+
+    get._sweep = True  # type: ignore[attr-defined]
+    cache_key.get = get
+    cache_key._hash_serialized_compile_options = hash_options

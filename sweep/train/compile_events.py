@@ -1,4 +1,5 @@
-"""XLA compilations counted (from JAX's monitoring events) and JAX's persistent compilation cache.
+"""XLA compilations counted (from JAX's monitoring events), JAX's persistent compilation cache, and
+the compile lock that lets the workers of a study compile a program once.
 
 The events are process-wide, so their counter (`COMPILES`) is too: callers take differences of
 snapshots around a trial.
@@ -7,10 +8,21 @@ snapshots around a trial.
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
+import hashlib
+import os
 import threading
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import jax
+import numpy as np
+
+from sweep import internals
+from sweep.host import slots
+from sweep.trial import code
 
 # Executables this process needed ("requests"), and of those the ones the persistent cache served
 # ("cache_hits"); XLA compiled the rest, counted per function name too ("compiled:window"). From
@@ -55,6 +67,14 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
             COMPILES["compile_seconds"] += duration_secs
 
 
+def spent(counts: collections.Counter[str], fun_name: str | None = None) -> float:
+    """Seconds compiling in `counts` (of `fun_name` if given), with the waits for another worker's
+    compile of the same program (`compiled_once`): time the trial spent on getting its executables."""
+    if fun_name is not None:
+        return counts[f"seconds:{fun_name}"] + counts[f"waited:{fun_name}"]
+    return counts["compile_seconds"] + counts["compile_wait_seconds"]
+
+
 def _plain_name(fun_name: str) -> str:
     """"window" for JAX's "jit(window)" (the form its compile events name a jitted function by)."""
     return fun_name[4:-1] if fun_name.startswith("jit(") and fun_name.endswith(")") else fun_name
@@ -82,9 +102,63 @@ def use_compilation_cache(directory: Path) -> None:
     # JAX otherwise puts XLA's GPU autotune-cache folder (under the cache dir) into the compile
     # options, so every key depends on the workdir's path: a copied or shared cache never hit.
     jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+    # Workers on forced CPU devices train on cpu:0, cpu:1, ...: without this, each device's program
+    # had a key of its own and no worker ever read another's executable (as JAX already does on GPUs).
+    internals.cache_key_without_cpu_device_assignment()
     # The workers of a study, and the studies that name one $SWEEP_COMPILATION_CACHE, read and write
     # the folder at once. Without a size limit JAX writes an entry in place with no lock, and a
     # reader can meet half of it (a warning, and a compile again); with one, JAX takes its file
     # lock around every read and write and evicts the least recently used entries past the limit
     # (jax/_src/lru_cache.py; it needs the `filelock` package).
     jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+
+
+LOCKS = "sweep-compile-locks"  # in the cache folder: one empty file per program, its compile lock
+
+
+def program_key(functions: Any, fn_name: str, traced: tuple[str, ...], args: tuple[Any, ...]) -> str:
+    """What makes `fn_name` of a trial's `functions` (compiled.Functions) one program in every worker
+    of a study: the trial's code (its record's hash, not the module object), the static
+    hyperparameters, the traced names, the devices, the kind, and the arguments' shapes and dtypes,
+    not the device they are on (every worker's slot compiles the same program; see
+    internals.cache_key_without_cpu_device_assignment). Two keys for one program cost a shared
+    compile, never a wrong executable: JAX's own cache key decides what is read."""
+    module, hp, devices = functions.module, functions.hp, functions.devices
+    where = devices if devices == 1 else tuple(d.id for d in slots.local_devices(devices))
+    static = repr(sorted((k, v) for k, v in hp.items() if k not in traced))
+    leaves, tree = jax.tree.flatten(args)
+    shapes = [(np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves]
+    text = repr((module.__name__, code.record(module)["sha256"], fn_name, static, traced, where,
+                 functions.kind.static_key(), str(tree), shapes))
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+@contextlib.contextmanager
+def compiled_once(program: str | None, fn_name: str) -> Iterator[None]:
+    """Hold `program`'s compile lock (a file lock in the cache folder) around its first call here.
+
+    Workers of a study that start together would all compile the same program at once (4 workers
+    on 2 cores: 4 compiles, each slower). With the lock the first compiles and writes the persistent
+    cache (JAX writes the entry before the call returns), and the others, waiting, then read it: a
+    cache hit. The wait is counted (`waited:<fn_name>`, `compile_wait_seconds`: see `spent`).
+
+    flock locks are released by the kernel when their process dies (a killed worker leaves no stale
+    lock), work across the hosts of an NFS workdir (Linux maps them to POSIX locks there), and a
+    thread holds one program's lock at a time, only around one call: no lock order, no deadlock.
+    """
+    folder = jax.config.jax_compilation_cache_dir
+    if program is None or not folder:
+        yield
+        return
+    path = Path(folder) / LOCKS / f"{program}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        start = time.monotonic()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        waited = time.monotonic() - start
+        COMPILES[f"waited:{fn_name}"] += waited
+        COMPILES["compile_wait_seconds"] += waited
+        yield
+    finally:
+        os.close(fd)  # releases the lock

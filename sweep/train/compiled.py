@@ -1,7 +1,6 @@
-"""A trial's compiled training window and evaluation, where they are placed, and the in-process
-cache of jitted functions (`FUNCTIONS`, bounded, clearable, shared by trials of equal static
-hyperparameters). JAX's persistent cache on disk and the compile counters: compile_events.py.
-"""
+"""A trial's compiled training window and evaluation, where they are placed, and the in-process cache of jitted
+functions (`FUNCTIONS`, bounded, clearable, shared by trials of equal static hyperparameters). JAX's persistent
+cache on disk, the compile counters and the compile lock of a study's workers: compile_events.py."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import numpy as np
 import optax
 
 from sweep.host import slots
+from sweep.train import compile_events
 from sweep.train.stream import streaming
 from sweep.trial.kinds import PlainKind, takes_step
 
@@ -214,16 +214,17 @@ class FunctionCache:
         key = ("init", *self._module_key(module), repr(sorted(static.items())), traced, layout)
         return self._lookup(key, module, dict(static), build)
 
-    def call(self, value: Any, fn_name: str, call: Callable[[], Any]) -> Any:
-        """`call()`, a call of `fn_name` of the cached `value`; its first call is measured (the
-        resident memory its compilation took) for the memory bound."""
+    def call(self, value: Any, fn_name: str, call: Callable[[], Any], program: Callable[[], str] | None = None) -> Any:
+        """`call()`, a call of `fn_name` of the cached `value`; its first call is measured (the resident memory
+        its compilation took) for the memory bound, under the compile lock of `program()` (compile_events)."""
         with self._lock:
             entry = next((e for e in self._entries.values() if e.value is value), None)
             measure = entry is not None and fn_name not in entry.bytes
         if not measure:
             return call()
         before = resident_bytes()
-        out = call()
+        with compile_events.compiled_once(program() if program is not None else None, fn_name):
+            out = call()
         after = resident_bytes()
         with self._lock:
             entry.bytes[fn_name] = max(0, after - before) if before is not None and after is not None else 0
@@ -313,7 +314,8 @@ class Functions:
         try:
             if abstract:
                 return jax.eval_shape(fn, *args, {k: self.hp[k] for k in traced})
-            return self.cache.call(functions, fn_name, lambda: fn(*args, {k: self.hp[k] for k in traced}))
+            return self.cache.call(functions, fn_name, lambda: fn(*args, {k: self.hp[k] for k in traced}),
+                                   lambda: compile_events.program_key(self, fn_name, traced, args))
         except TRACE_ERRORS as exc:
             culprits = _culprits(exc, traced) if _TRACED_ARG.search(str(exc)) else self._probe(fn_name, traced, args)
             if not traced or not culprits - static:
@@ -380,9 +382,8 @@ class Functions:
 
 
 def forget_taken_grid_points(module: Any, points: list[dict[str, Any]], taken: list[dict[str, Any]]) -> None:
-    """A grid study samples each point once: drop this process's compiled programs of
-    hyperparameters that no remaining grid point has (a shape-changing grid keeps RSS flat);
-    `taken`: the params of the study's trials."""
+    """A grid study samples each point once: drop this process's compiled programs of hyperparameters that
+    no remaining grid point has (a shape-changing grid keeps RSS flat); `taken`: the study's trials' params."""
     from sweep.words import count
 
     asked = {repr(sorted(p.items())) for p in taken}
@@ -393,8 +394,7 @@ def forget_taken_grid_points(module: Any, points: list[dict[str, Any]], taken: l
 
     dropped = FUNCTIONS.retain(module, reachable)
     if dropped:
-        # JAX keeps executables of its own per shape (the eager ops of optax's init, transfers):
-        # measured +5 MB a trial on a grid of 100 shapes with only sweep's programs dropped.
-        # The next trial's programs come from the persistent cache.
+        # JAX keeps executables of its own per shape (the eager ops of optax's init, transfers): measured +5 MB
+        # a trial on a grid of 100 shapes with only sweep's programs dropped. The next trial's: the persistent cache.
         jax.clear_caches()
         log.debug("dropped %s of grid points all taken", count(dropped, "compiled program"))

@@ -318,8 +318,8 @@ class _TrialRun:
         ledger, on_compiles = self.ledger, self.events.on_compiles
         # Compiles happen inside the first window and evaluation: counted as compiling, not there.
         for part, fun in (("training", "window"), ("evaluating", "evaluate")):
-            ledger.add(part, -min(done[f"seconds:{fun}"], ledger.parts[part]))
-        ledger.add("compiling", done["compile_seconds"])
+            ledger.add(part, -min(compile_events.spent(done, fun), ledger.parts[part]))
+        ledger.add("compiling", compile_events.spent(done))  # a wait for another worker's compile too
         ledger.background = self.ckpt.written_seconds
         ledger.finish()
         if on_compiles is not None:
