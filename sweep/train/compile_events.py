@@ -116,21 +116,25 @@ def use_compilation_cache(directory: Path) -> None:
 LOCKS = "sweep-compile-locks"  # in the cache folder: one empty file per program, its compile lock
 
 
-def program_key(functions: Any, fn_name: str, traced: tuple[str, ...], args: tuple[Any, ...]) -> str:
-    """What makes `fn_name` of a trial's `functions` (compiled.Functions) one program in every worker
-    of a study: the trial's code (its record's hash, not the module object), the static
-    hyperparameters, the traced names, the devices, the kind, and the arguments' shapes and dtypes,
-    not the device they are on (every worker's slot compiles the same program; see
+def program_key(module: Any, fn_name: str, parts: tuple[Any, ...], args: tuple[Any, ...]) -> str:
+    """What makes `fn_name` of the trial `module` one program in every worker of a study: the
+    trial's code (its record's hash, not the module object), `parts` (what else its program is
+    built from: static hyperparameters, traced names, ...) and the arguments' shapes and dtypes, not
+    the device they are on (every worker's slot compiles the same program; see
     internals.cache_key_without_cpu_device_assignment). Two keys for one program cost a shared
     compile, never a wrong executable: JAX's own cache key decides what is read."""
-    module, hp, devices = functions.module, functions.hp, functions.devices
-    where = devices if devices == 1 else tuple(d.id for d in slots.local_devices(devices))
-    static = repr(sorted((k, v) for k, v in hp.items() if k not in traced))
     leaves, tree = jax.tree.flatten(args)
     shapes = [(np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves]
-    text = repr((module.__name__, code.record(module)["sha256"], fn_name, static, traced, where,
-                 functions.kind.static_key(), str(tree), shapes))
+    text = repr((module.__name__, code.record(module)["sha256"], fn_name, parts, str(tree), shapes))
     return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def functions_key(functions: Any, fn_name: str, traced: tuple[str, ...], args: tuple[Any, ...]) -> str:
+    """`program_key` of the window or evaluation of a trial's `functions` (compiled.Functions)."""
+    devices = functions.devices
+    where = devices if devices == 1 else tuple(d.id for d in slots.local_devices(devices))
+    static = repr(sorted((k, v) for k, v in functions.hp.items() if k not in traced))
+    return program_key(functions.module, fn_name, (static, traced, where, functions.kind.static_key()), args)
 
 
 @contextlib.contextmanager

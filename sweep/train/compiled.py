@@ -315,7 +315,7 @@ class Functions:
             if abstract:
                 return jax.eval_shape(fn, *args, {k: self.hp[k] for k in traced})
             return self.cache.call(functions, fn_name, lambda: fn(*args, {k: self.hp[k] for k in traced}),
-                                   lambda: compile_events.program_key(self, fn_name, traced, args))
+                                   lambda: compile_events.functions_key(self, fn_name, traced, args))
         except TRACE_ERRORS as exc:
             culprits = _culprits(exc, traced) if _TRACED_ARG.search(str(exc)) else self._probe(fn_name, traced, args)
             if not traced or not culprits - static:

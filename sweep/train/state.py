@@ -14,6 +14,7 @@ import numpy as np
 
 from sweep.checkpoints.folder import TrialCheckpoints, WriteBudget
 from sweep.study.config import Config
+from sweep.train import compile_events
 from sweep.train.compiled import FUNCTIONS, TRACE_ERRORS
 from sweep.train.stream import DATA_STATE_KEY, STATE_BYTES, streaming
 from sweep.trial.kinds import PlainKind, kind_of
@@ -145,7 +146,9 @@ def _init(module: Any, hp: Mapping[str, Any], key: Any, data: Any, abstract: boo
                             lambda: _jitted_init(module, static, treedef, is_array, others))
         try:
             args = (key, arrays, {k: hp[k] for k in traced})
-            out = jax.eval_shape(fn, *args) if abstract else FUNCTIONS.call(fn, "init", lambda: fn(*args))
+            parts = (repr(sorted(static.items())), traced, repr(others))  # the init's compile lock: compile_events
+            out = jax.eval_shape(fn, *args) if abstract else FUNCTIONS.call(
+                fn, "init", lambda: fn(*args), lambda: compile_events.program_key(module, "init", parts, args))
             nnx = sys.modules.get("flax.nnx")
             if abstract and nnx is not None and isinstance(out, nnx.Module):
                 break  # an abstract NNX module holds abstract typed keys, which NNX cannot split
