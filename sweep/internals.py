@@ -35,6 +35,24 @@ def create_trial(study: optuna.Study) -> int:
     return study._storage.create_new_trial(study._study_id)
 
 
+def cache_trial(study: optuna.Study, frozen: Any) -> None:
+    """Make the study's cached storage know unfinished trial `frozen`, which another process
+    created (an interrupted trial adopted, a WAITING one popped). Its `set_trial_param` looks the
+    trial up in that cache, which only trials this process created or read are in: a suggest on an
+    adopted trial that had no params yet raised KeyError (its number) where the sampler reads no
+    trials first (random). Optuna adds a trial this way as its own readers find it; as unfinished,
+    so its next read refreshes it."""
+    from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
+
+    storage = study._storage
+    if not isinstance(storage, _CachedStorage):
+        return
+    with storage._lock:
+        info = storage._studies.setdefault(study._study_id, _StudyInfo())
+        storage._add_trials_to_cache(study._study_id, [frozen])
+        info.unfinished_trial_ids.add(frozen._trial_id)
+
+
 def forget_cached_trials(study: optuna.Study) -> None:
     """Drop the study's per-thread cache of all trials, as `study.ask` does after asking (no
     public API resets it; a stale cache would hide the trial just asked for from the sampler)."""

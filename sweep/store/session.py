@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.errors import StudyNotFound
-from sweep.internals import create_trial, forget_cached_trials, trial_id
+from sweep.internals import cache_trial, create_trial, forget_cached_trials, trial_id
 from sweep.store import rdb as storage_lib
 from sweep.store.claims import Claims
 from sweep.store.rdb import has_claims, initialised, load_study, open_storage, workdir_lock
@@ -202,6 +202,7 @@ class Session:
         for t in self.trials((TrialState.WAITING,)):
             if paused_rung(t) is None and self.set_state(t.number, TrialState.RUNNING):
                 new_id = trial_id(t)  # the id Optuna's Trial takes (study.ask pops it alike)
+                cache_trial(self.study, self.trial(t.number))  # another process enqueued it
                 break
         else:
             # What study.ask does past its pop: the trial through the study's cached storage,
@@ -238,7 +239,9 @@ class Session:
         """An `optuna.Trial` for an existing RUNNING trial (to adopt it: report, suggest, tell).
         Optuna has no API to re-attach to a trial another process asked for; its constructor,
         documented as not for direct use, is what `study.ask` itself calls."""
-        return optuna.Trial(self.study, self._trial_id(number))
+        frozen = self.trial(number)
+        cache_trial(self.study, frozen)  # its suggest writes through the study's trial cache
+        return optuna.Trial(self.study, trial_id(frozen))
 
     # --- what the study was started with ----------------------------------------------------------
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import optuna
 import pytest
 from optuna.trial import TrialState
 
@@ -271,3 +272,23 @@ def test_a_storage_error_mid_trial_stops_the_run_and_never_fails_the_trial(here,
     assert t0.state == TrialState.RUNNING and "failures" not in t0.user_attrs  # resumable, nothing charged
     run(study)
     assert snapshot(study) == reference.snapshot[:1]
+
+
+def test_a_trial_asked_by_a_killed_process_before_its_first_suggest_is_adopted_with_a_random_sampler(here):
+    """Killed between Optuna's ask and the first suggest: the trial is RUNNING without params. The
+    next run adopts it and suggests through the study's cached storage, which did not know a trial
+    another process created: KeyError (its id) where the sampler reads no trials first (random;
+    seen in test_asha's random kills)."""
+    study = make_study(here, sampler={"type": "random", "seed": 0})
+    session = Session(config_lib.from_dict(study)).open(create=True)
+    try:
+        other = optuna.load_study(study_name=study["name"], storage=session.storage)
+        assert other.ask().number == 0  # the killed process's ask: no params, no claim
+    finally:
+        session.close()
+    run(study)
+    found = trials(study)
+    assert [t.state for t in found] == [TrialState.COMPLETE] * 3 and "learning_rate" in found[0].params
+    reference = make_study(here, sampler={"type": "random", "seed": 0}, workdir=str(here / "reference"))
+    run(reference)
+    assert [t.params for t in found] == [t.params for t in trials(reference)]  # restart-proof: the same params
