@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -11,9 +12,35 @@ import threading
 import time
 from typing import Any
 
-from sweep.errors import Interrupted
+from sweep.errors import Interrupted, UsageError
 
 log = logging.getLogger("sweep")
+
+# The grace period where the study file gives none. No platform tells the process its grace in a form
+# that can be read reliably (docs/faults.md): SLURM puts `--signal`'s lead time in no environment
+# variable, and spot VMs say nothing. A job script that knows it says it in GRACE_ENV.
+DEFAULT_GRACE_SECONDS = 30.0
+GRACE_ENV = "SWEEP_GRACE_SECONDS"
+
+
+def grace_seconds(given: float | None) -> float:
+    """The grace period in force: `given` (checkpoint.grace_seconds), else $SWEEP_GRACE_SECONDS, else 30 s.
+
+    Raises:
+        UsageError: $SWEEP_GRACE_SECONDS is not a number of seconds > 0.
+    """
+    if given is not None:
+        return given
+    text = os.environ.get(GRACE_ENV)
+    if text is None:
+        return DEFAULT_GRACE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"${GRACE_ENV}: must be seconds > 0 (the grace period after SIGTERM), got {text!r}")
+    return value
 
 
 class StopSignal:
@@ -32,9 +59,10 @@ class StopSignal:
     for the compile; each trial resumes from its newest checkpoint.
     """
 
-    def __init__(self, grace_seconds: float = 20.0, hard_exit: bool = True, quick_exit: bool = False) -> None:
+    def __init__(self, grace: float | None = None, hard_exit: bool = True, quick_exit: bool = False) -> None:
         self.signum: int | None = None
-        self.grace_seconds = grace_seconds
+        self.grace_seconds = grace_seconds(grace)  # None: the platform's (`grace_seconds`)
+        self.slow_save_said = False  # a save longer than the grace is said once per process
         # The CLI exits the process on a second Ctrl-C or past the grace period; a Python caller
         # (a notebook kernel) gets KeyboardInterrupt and an error line instead.
         self.hard_exit = hard_exit
@@ -168,6 +196,19 @@ class StopSignal:
             return
         log.error("grace period of %g s is over: exiting without a final checkpoint", self.grace_seconds)
         os._exit(128 + signum)
+
+    def check_save_time(self, number: int, seconds: float, how: str) -> None:
+        """Warn once per process where a save of trial `number`'s state takes (`how`: "measured",
+        "predicted") longer than the grace period: a signal's save would be cut off."""
+        if self.slow_save_said or seconds <= self.grace_seconds:
+            return
+        self.slow_save_said = True
+        log.warning("trial %d: a checkpoint save of its state takes %.3g s (%s), longer than the grace period of "
+                    "%g s after SIGTERM (checkpoint.grace_seconds, $%s, else %g s): a signal's save may be cut off, "
+                    "and the trial would resume from its previous save. Give more grace where the platform allows "
+                    "it, save more often so that less is lost (a shorter checkpoint.every_seconds or every_steps, "
+                    "or every: auto), or make the state smaller", number, seconds, how, self.grace_seconds,
+                    GRACE_ENV, DEFAULT_GRACE_SECONDS)
 
     def grace_left(self) -> float:
         """Seconds left of the grace period since the signal (all of it before one)."""

@@ -1,5 +1,5 @@
 """The study file's rules beyond its schema: the storage URL parses, the warm-start study is
-another file, and the trial module imports, speaks the protocol and declares every name the file
+another file, the checkpoint cadence keys agree, and the trial module imports, speaks the protocol and declares every name the file
 uses (hyperparameters, metrics). Called by sweep.study.config after the schema holds; `study` is its
 StudyFile (typed Any here: sweep.study.config imports this module)."""
 
@@ -34,6 +34,20 @@ def warm_start(file: str, warm: Any) -> None:
         raise ConfigError(file, "warm_start.study", f"must be a study file (relative to {os.getcwd()})", warm.study)
     if os.path.exists(file) and os.path.samefile(file, warm.study):
         raise ConfigError(file, "warm_start.study", "must be another study's file, not this one", warm.study)
+
+
+def cadence(file: str, checkpoint: Any) -> None:
+    """`every: auto` chooses the interval itself: no every_steps or every_seconds beside it, and
+    `mtbi_seconds` (its prior) only with it."""
+    given = {k: getattr(checkpoint, k) for k in checkpoint.model_fields_set if getattr(checkpoint, k) is not None}
+    if checkpoint.every == "auto":
+        for key in ("every_steps", "every_seconds"):
+            if key in given:
+                raise ConfigError(file, f"checkpoint.{key}", "cannot be given with every: auto (auto chooses the "
+                                  "interval from the save cost and the interruptions; remove one of them)", given[key])
+    elif "mtbi_seconds" in given:
+        raise ConfigError(file, "checkpoint.mtbi_seconds", "is only used with every: auto (the prior mean time "
+                          "between interruptions of its interval)", given["mtbi_seconds"])
 
 
 def trial_module(file: str, study: Any) -> Any:

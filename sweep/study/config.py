@@ -76,23 +76,23 @@ class Train(StrictModel):
     same_seed_for_all_trials: bool = False
 
 
-# The default cadence (no cadence key) writes at most this share of the wall time. Measured on the
-# example with every_steps 100 (benchmarks/RESULTS.md): 0.03 keeps a study within 1.05x of no
-# periodic saves.
+# The default cadence (no cadence key) writes at most this share of the wall time. Measured on the example
+# with every_steps 100 (benchmarks/RESULTS.md): 0.03 keeps a study within 1.05x of no periodic saves.
 DEFAULT_WRITE_SHARE = 0.03
 
 
 class Checkpoint(StrictModel):
     every_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
     every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
+    every: Literal["auto"] | None = None  # Young-Daly's interval, mtbi_seconds its prior (sweep/train/young_daly.py)
+    mtbi_seconds: Annotated[float, Field(gt=0)] | None = None  # rules across keys: sweep/study/checks.py (cadence)
     keep_last: Annotated[int, Field(ge=1)] = 2
     keep_best: Annotated[int, Field(ge=1)] = 1  # the best state is always kept (docs/reference.md)
-    grace_seconds: Annotated[float, Field(gt=0)] = 20.0  # SIGTERM/SIGINT: exit after this at the latest
-    # The write budget (sweep/train/cadence.py): given, it caps any cadence (null: none); absent, the
-    # default cadence runs under DEFAULT_WRITE_SHARE and an explicit one is exact. See write_share.
+    # SIGTERM/SIGINT: exit after this at the latest; null: $SWEEP_GRACE_SECONDS, else 30 (sweep/host/signals.py)
+    grace_seconds: Annotated[float, Field(gt=0)] | None = None
+    # The write budget (sweep/train/cadence.py): given, caps any cadence (null: none). See write_share.
     max_write_share: Annotated[float, Field(gt=0, le=1)] | None = None
-    # The study's disk budget (sweep/checkpoints/retention.py): only the K best COMPLETE finished trials keep
-    # their checkpoints; and a cap on all of the study's checkpoint bytes ("50GB", "500MiB", bytes).
+    # The disk budget (sweep/checkpoints/retention.py): only the K best COMPLETE trials keep checkpoints; a byte cap.
     keep_trials: Annotated[int, Field(ge=1)] | None = None
     max_disk: Annotated[ByteSize, Field(gt=0)] | None = None
     # A remote tier (sweep/checkpoints/remote.py) every committed step is uploaded to: s3:// built in,
@@ -101,9 +101,8 @@ class Checkpoint(StrictModel):
     tiers: dict[str, str] = {}
 
     @property
-    def explicit_cadence(self) -> bool:
-        """The file gives every_steps or every_seconds (then the cadence is honoured exactly)."""
-        return bool({"every_steps", "every_seconds"} & self.model_fields_set)
+    def explicit_cadence(self) -> bool:  # the file gives every_steps or every_seconds: honoured exactly
+        return self.every is None and bool({"every_steps", "every_seconds"} & self.model_fields_set)
 
     @property
     def write_share(self) -> float | None:
@@ -387,6 +386,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
         raise config_errors.translate(origin, errors[0], raw, StudyFile, PARAM_MODELS, NAME_PATTERN) from None
     config_checks.storage(origin, study.storage, raw.get("storage"))
     config_checks.warm_start(origin, study.warm_start)
+    config_checks.cadence(origin, study.checkpoint)
     space.check(origin, study)
     module = config_checks.trial_module(origin, study) if import_trial else None
     config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))
