@@ -34,6 +34,7 @@ class TrialStatus(TypedDict):
     values: NotRequired[Optional[dict[str, float]]]  # with several objectives
     pareto: NotRequired[bool]  # with several objectives
     remote_step: NotRequired[Optional[int]]  # with checkpoint.remote
+    checkpoint_auto: NotRequired[Optional[dict[str, Optional[float]]]]  # with checkpoint every: auto
     lineage: NotRequired[list[dict[str, Any]]]  # with scheduler pbt: its exploits (sweep/schedulers/pbt.py)
     params_in_force: NotRequired[dict[str, Any]]  # with scheduler pbt: the params it trains with now
 

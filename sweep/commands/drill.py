@@ -159,7 +159,7 @@ def _compare(ref: optuna.trial.FrozenTrial, got: optuna.trial.FrozenTrial) -> li
 
 def _why_none(config: Config, killed_step: int) -> str:
     c = config.study.checkpoint
-    cadence = keys_text(c.every_steps, c.every_seconds, " / ")
+    cadence = "every: auto" if c.every == "auto" else keys_text(c.every_steps, c.every_seconds, " / ")
     return (f"the trial reached step {killed_step} of {config.study.train.steps} before its checkpoint cadence "
             f"({cadence}) came due; the restart began at step 0")
 

@@ -47,6 +47,9 @@ def collect(session: Session) -> StudyStatus:
     if (sched := scheduler.of(config)) is not None:  # its own fields (pbt: its exploits, sweep/schedulers/pbt.py)
         for entry, t in zip(entries, trials):
             entry.update(sched.status_fields(t))
+    if config.study.checkpoint.every == "auto":  # the interval chosen last and its inputs (young_daly.py)
+        for entry, t in zip(entries, trials):
+            entry["checkpoint_auto"] = ledger_lib.auto_of(t.user_attrs.get(ledger_lib.LEDGER_ATTR))
     if config.study.checkpoint.remote is not None:  # the newest step each trial has in the tier
         remote = remote_steps(session, (t.number for t in trials)) or {}
         for entry in entries:
@@ -169,6 +172,9 @@ def table(status: dict[str, Any], highlight: bool = False) -> str:
         lines.insert(1, f"objectives: {said}; Pareto front (*): " + (", ".join(map(str, front)) or "none yet"))
     if status.get("ledger"):
         lines.append(summary_line(status["ledger"]))
+    auto = [t for t in status["trials"] if t.get("checkpoint_auto")]
+    if auto:  # the newest trial's: the study's latest figures
+        lines.append(_auto_line(auto[-1]["number"], auto[-1]["checkpoint_auto"]))
     for steps, name in (status.get("continued") or {}).items():
         lines.append(f"continued to {steps} steps: study {name} (status --continued {steps})")
     return "\n".join(lines)
@@ -209,6 +215,15 @@ def _interval(interval: dict[str, float] | None) -> str:
         return "-"
     deferred = int(interval["deferred_saves"])
     return f"{interval['steps']:.0f}" + (f" ({deferred} deferred)" if deferred else "")
+
+
+def _auto_line(number: int, auto: dict[str, Any]) -> str:
+    """"checkpoint every: auto: 85 s (trial 3), from a save of 1 s and 3600 s between interruptions ..."."""
+    mtbi = f"{auto['mtbi_seconds']:.0f} s between interruptions"
+    if auto["save_seconds"] is None:
+        return f"checkpoint every: auto: {auto['every_seconds']:.3g} s (trial {number}) until a save is measured; {mtbi}"
+    return (f"checkpoint every: auto: {auto['every_seconds']:.3g} s (trial {number}), from a save of "
+            f"{auto['save_seconds']:.3g} s and {mtbi} (sqrt(2 x save x time between), at least the write budget's)")
 
 
 def _fmt(v: Any) -> str:

@@ -26,7 +26,7 @@ from sweep.study import constraints
 from sweep.study.credentials import scrub
 from sweep.tracking.curves import Tracker, TrialLog, trial_start
 from sweep.tracking.events import TrialStart
-from sweep.train.ledger import LEDGER_ATTR, RunLedger
+from sweep.train.ledger import LEDGER_ATTR, RESUMES_ATTR, RunLedger, study_account
 from sweep.train.loop import Outcome, TrialEvents, run_trial
 from sweep.trial import guard as trial_guard
 from sweep.words import count
@@ -77,6 +77,14 @@ def run_attempts(session: Session, ckpts: StudyCheckpoints, claimed: ClaimedTria
             attempt.close()
 
 
+def _study_account(session: Session) -> dict[str, float] | None:
+    """The study's ledger for `checkpoint: {every: auto}` (its interruptions over its wall time, its
+    seconds per save), read in one narrow query; None (not read) for any other cadence."""
+    if session.config.study.checkpoint.every != "auto":
+        return None
+    return study_account(session.trial_attrs(LEDGER_ATTR, RESUMES_ATTR).values())
+
+
 def _record_failure(session: Session, claimed: ClaimedTrial, exc: Exception, failures: int) -> bool:
     """Count the failure and keep its error on the trial (a storage row: no secret); True if it is retried."""
     max_retries = session.config.study.max_retries
@@ -112,7 +120,8 @@ class _Attempt:
                                     writes.events(),
                                     seed_number=session.seed_number(number), pause_at=scheduler.pause_at(config, frozen),
                                     ledger=RunLedger(frozen.user_attrs.get(LEDGER_ATTR), writes.ledger,
-                                                     claimed.resumes, resumed=claimed.resumed))
+                                                     claimed.resumes, resumed=claimed.resumed,
+                                                     study=_study_account(session)))
             claimed.fence()
             if outcome.state == "PAUSED":  # its rung checkpoint on disk before it is paused
                 self.ckpt.wait()

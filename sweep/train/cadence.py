@@ -3,9 +3,12 @@ costs, and the best state held back in memory until the next save.
 
 The rule (docs/reference.md, `checkpoint`): an explicit `every_steps` / `every_seconds` is
 honoured exactly, like Orbax's `save_interval_steps` or Lightning's `every_n_train_steps`; with
-no cadence key, the default `every_seconds` runs under the write budget `max_write_share`; an
+no cadence key, the default `every_seconds` runs under the write budget `max_write_share`, and
+`every: auto` chooses its seconds from cost and risk (sweep/train/young_daly.py) under it too; an
 explicit `max_write_share` caps any cadence, and then every save it defers is counted (the ledger,
 `status`, `plan`, the drill). The last step and a signal's save are never deferred.
+
+Each save's measured cost is also held against the grace period after SIGTERM (`StopSignal`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from sweep.store.record import best_of_reports
+from sweep.train import young_daly
 from sweep.words import count
 
 if TYPE_CHECKING:
     from sweep.checkpoints.folder import TrialCheckpoints
+    from sweep.host.signals import StopSignal
     from sweep.study.config import Checkpoint
     from sweep.train.ledger import RunLedger
 
@@ -55,12 +60,21 @@ class Cadence:
         self.gap_seconds = 0.0
         self.warned = False
         self.asked = ""  # the cadence keys the study file gives, as the cost warning names them
+        self.auto: young_daly.AutoInterval | None = None  # every: auto (sets every_seconds)
 
     @classmethod
-    def of(cls, checkpoint: Checkpoint, start: int) -> Cadence:
-        cadence = cls(checkpoint.every_steps, checkpoint.every_seconds, checkpoint.write_share, start)
+    def of(cls, checkpoint: Checkpoint, start: int, ledger: RunLedger | None = None,
+           stop: StopSignal | None = None, number: int = 0) -> Cadence:
+        """The cadence of a run starting at `start`; with `every: auto` its first interval from the
+        accounts of `ledger`, whose save cost (predicted: earlier saves) `stop` holds against its grace."""
+        auto = checkpoint.every == "auto"
+        cadence = cls(checkpoint.every_steps, None if auto else checkpoint.every_seconds, checkpoint.write_share, start)
         given = [k for k in ("every_steps", "every_seconds") if k in checkpoint.model_fields_set]
         cadence.asked = " and ".join(f"{k}: {getattr(checkpoint, k):g}" for k in given if getattr(checkpoint, k))
+        if ledger is not None:
+            prior = checkpoint.mtbi_seconds or young_daly.DEFAULT_MTBI_SECONDS
+            cadence.auto = young_daly.AutoInterval(prior, cadence.share, ledger.study) if auto else None
+            cadence.measure(number, ledger, None, stop, "predicted from earlier saves")
         return cadence
 
     def due(self, step: int) -> bool:
@@ -84,6 +98,30 @@ class Cadence:
             self.gap_seconds += now - self.last_time
             self.saves += 1
         self.last_step, self.last_time, self.owed = step, now, False
+
+    def after_save(self, number: int, ledger: RunLedger, ckpt: TrialCheckpoints, stop: StopSignal) -> None:
+        """A save was started: judge the cadence's cost, and measure the saves written so far."""
+        ledger.saves = self.counts()
+        self.check_cost(number, ledger)
+        ledger.background = ckpt.written_seconds  # also in the ledger written mid-run (a kill -9 keeps it)
+        self.measure(number, ledger, ckpt, stop, "measured")
+
+    def measure(self, number: int, ledger: RunLedger, ckpt: TrialCheckpoints | None, stop: StopSignal | None,
+                how: str) -> None:
+        """The trial's seconds per save (earlier runs', and this run's writes done), held against the
+        grace period; with `every: auto`, the interval chosen from it, recorded in the ledger."""
+        before = ledger.before
+        writes = self.saves - (ckpt is not None and ckpt.busy())  # the newest may still be in flight
+        own = young_daly.save_cost(before.get("checkpoint_blocking", 0.0) + ledger.parts["checkpoint_blocking"],
+                                   before.get("saves", 0.0) + self.saves,
+                                   before.get("checkpoint_background", 0.0) + ledger.background,
+                                   before.get("saves", 0.0) + writes)
+        if self.auto is not None:  # before the trial's first measured save, the study's stands in
+            ledger.auto = self.auto.choose(own, time.monotonic() - ledger.start)
+            self.every_seconds = ledger.auto["auto_every_seconds"]
+            own = ledger.auto.get("auto_save_seconds")
+        if stop is not None and own is not None:
+            stop.check_save_time(number, own, how)
 
     def counts(self) -> dict[str, float]:
         """This run's saves for the ledger (sums over runs: the mean interval stays derivable)."""
@@ -115,6 +153,12 @@ def keys_text(every_steps: int | None, every_seconds: float | None, sep: str) ->
 
 def describe(checkpoint: Checkpoint) -> str:
     """The effective cadence in words, as `plan` states it."""
+    if checkpoint.every == "auto":
+        share, prior = checkpoint.write_share, checkpoint.mtbi_seconds or young_daly.DEFAULT_MTBI_SECONDS
+        bound = f", at least the save cost / max_write_share {share:g}" if share else ""
+        return (f"every: auto, every sqrt(2 x save cost x mean time between interruptions) seconds{bound}: the save "
+                f"cost measured, the interruptions the study's own ({prior:g} s between them before any); every "
+                f"{young_daly.UNMEASURED_SECONDS:g} s until a save is measured, and at the last step")
     parts = [x for x in (f"every {count(checkpoint.every_steps, 'step')}" if checkpoint.every_steps else "",
                          f"every {checkpoint.every_seconds:g} s" if checkpoint.every_seconds else "") if x]
     asked = " or ".join(parts)

@@ -27,6 +27,9 @@ PARTS = ("training", "evaluating", "compiling", "restoring", "checkpoint_blockin
 # saves (sweep/train/cadence.py): sums, so that a trial's mean checkpoint interval stays derivable.
 SAVE_KEYS = ("saves", "deferred_saves", "save_gaps", "save_gap_steps", "save_gap_seconds")
 KEYS = (*PARTS, "checkpoint_background", "wall", "lost", "lost_steps", "interruptions", *SAVE_KEYS)
+# `checkpoint: {every: auto}` (sweep/train/young_daly.py): the interval chosen last and its inputs,
+# the seconds per save and the mean time between interruptions; the newest values, not sums.
+AUTO_KEYS = ("auto_every_seconds", "auto_save_seconds", "auto_mtbi_seconds")
 
 
 class RunLedger:
@@ -38,12 +41,15 @@ class RunLedger:
     within `eval_every` steps), counted from the run's start, so it includes the restart itself
     (building the state, restoring, compiling). `interruptions` is the trial's count so far
     (`RESUMES_ATTR`, this run's included), stored with the account so that the two agree.
+    `study`: the study's account when the run started (`study_account`), read for `every: auto`.
     """
 
     def __init__(self, before: Mapping[str, float] | None,
                  write: Callable[[dict[str, float]], None] | None = None, interruptions: int = 0,
-                 resumed: bool = False) -> None:
+                 resumed: bool = False, study: Mapping[str, float] | None = None) -> None:
         self.before = {k: float(v) for k, v in (before or {}).items() if k in KEYS}
+        self.study = study
+        self.auto = {k: float(v) for k, v in (before or {}).items() if k in AUTO_KEYS}  # set by the cadence
         self.start = time.monotonic()
         self.parts = dict.fromkeys(PARTS, 0.0)
         self.background = 0.0
@@ -90,7 +96,7 @@ class RunLedger:
                 "interruptions": 0.0, **self.saves}
         total = {k: round(self.before.get(k, 0.0) + mine[k], 4) for k in KEYS}
         total["interruptions"] = float(self.interruptions)  # a count of the trial's, not a sum of runs
-        return total
+        return {**total, **self.auto}
 
     def finish(self) -> None:
         if self._write is not None:
@@ -116,7 +122,21 @@ def of_trial(attrs: Mapping[str, Any]) -> dict[str, float] | None:
     resumes = int(attrs.get(RESUMES_ATTR, 0))
     if not ledger and not resumes:
         return None
-    return {**dict.fromkeys(KEYS, 0.0), **(ledger or {}), "interruptions": float(resumes)}
+    kept = {k: v for k, v in (ledger or {}).items() if k not in AUTO_KEYS}  # readers show them apart (`auto_of`)
+    return {**dict.fromkeys(KEYS, 0.0), **kept, "interruptions": float(resumes)}
+
+
+def auto_of(ledger: Mapping[str, Any] | None) -> dict[str, float | None] | None:
+    """A trial's `every: auto` interval and its inputs as `status` shows them (None where it has none)."""
+    if not ledger or "auto_every_seconds" not in ledger:
+        return None
+    return {"every_seconds": float(ledger["auto_every_seconds"]), "save_seconds": ledger.get("auto_save_seconds"),
+            "mtbi_seconds": float(ledger["auto_mtbi_seconds"])}
+
+
+def study_account(attrs: Iterable[Mapping[str, Any]]) -> dict[str, float] | None:
+    """The study's ledger, the sum of its trials' (`of_trial` of each trial's user attributes)."""
+    return study_total(of_trial(a) for a in attrs)
 
 
 def study_total(ledgers: Iterable[Mapping[str, float] | None]) -> dict[str, float] | None:

@@ -207,7 +207,7 @@ class _TrialRun:
                      self.number, devices, len(leaf.sharding.device_set))
         self.params, self.opt_state, self.key = state["params"], state["opt_state"], state["key"]
         self.model_state, self.loss_sum = state.get("model_state", {}), state["train_loss_sum"]
-        self.cadence = Cadence.of(config.study.checkpoint, self.step)
+        self.cadence = Cadence.of(config.study.checkpoint, self.step, self.ledger, self.stop, self.number)
 
     def evaluation_due(self) -> bool:
         return self.step > 0 and (self.step % self.eval_every == 0 or self.step == self.total)
@@ -263,8 +263,7 @@ class _TrialRun:
         with self.ledger.timed("checkpoint_blocking"):
             wrote = flush(self.ckpt, self.best, (self.step, self._snapshot, self.evaluated))
         self.cadence.saved(self.step, wrote)
-        self.ledger.saves = self.cadence.counts()
-        self.cadence.check_cost(self.number, self.ledger)
+        self.cadence.after_save(self.number, self.ledger, self.ckpt, self.stop)
 
     def stop_after_save(self) -> None:
         """On a signal: wait for the save of this step, then stop (it resumes from it)."""
