@@ -230,11 +230,15 @@ class StudySession:
         """
         from sweep.checkpoints.tiers import tier_class
         from sweep.commands.retry import reopen
+        from sweep.host.signals import grace_seconds
         from sweep.run import preflight
+        from sweep.store import warm_start
         from sweep.store.samplers import check_config
 
         check_config(self.config)  # what `run` refuses (exit 2) is refused before a trial is reopened
         tier_class(self.config)
+        warm_start.check(self.config)
+        grace_seconds(self.config.study.checkpoint.grace_seconds)  # a bad $SWEEP_GRACE_SECONDS
         preflight.check(self.config)  # the fixed code trains and evaluates (an abstract step)
         try:
             return reopen(self._session, trials, from_scratch)

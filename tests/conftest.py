@@ -331,6 +331,18 @@ def wait_for_checkpoint(ckpt_dir: Path, min_step: int, timeout: float = 300, pro
     raise AssertionError(f"no checkpoint >= {min_step} in {ckpt_dir}{ended}")
 
 
+def wait_for_file(path: Path, timeout: float = 300, proc: Running | None = None) -> None:
+    """Wait until `path` exists (a trial's marker that it got somewhere); with `proc`, fail at once
+    if that run ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (proc is None or proc.proc.poll() is None):
+        if path.exists():
+            return
+        time.sleep(0.01)
+    ended = f"; the run ended first: {proc.stderr}" if proc is not None and proc.proc.poll() is not None else ""
+    raise AssertionError(f"no {path}{ended}")
+
+
 def checkpoint_dir(study: Path | dict[str, Any], number: int) -> Path:
     """Trial `number`'s checkpoint folder, of a study file or of an in-process study's dict."""
     workdir = study["workdir"] if isinstance(study, dict) else yaml.safe_load(study.read_text())["workdir"]

@@ -346,28 +346,29 @@ def study_system_attrs(engine: Any, study_id: int, prefix: str) -> dict[str, Any
 # --- the one write sweep makes to Optuna's tables itself ------------------------------------------
 
 
-def reopen_failed(engine: Any, study_id: int, number: int, keep_through: int | None) -> bool:
+def reopen_failed(engine: Any, study_id: int, number: int, keep_through: int | None, attrs: dict[str, Any]) -> bool:
     """FAIL trial `number` back to RUNNING (no worker holds it: `run` resumes it as an interrupted
-    trial), in one transaction with the removal of its reports and `eval:<step>` rows past step
+    trial), in one transaction with its user attributes `attrs` (its retry's record: a kill never
+    leaves it reopened without them) and the removal of its reports and `eval:<step>` rows past step
     `keep_through` (all of them where None): a retry trains those steps again, maybe with fixed code,
-    and Optuna keeps a step's first report. False where it is no FAIL trial (anymore). Optuna has no
-    API for this: its storage never changes a finished trial."""
+    and Optuna keeps a step's first report. False where it is no FAIL trial (anymore: the update is
+    conditional, so of two retries at once one reopens it). Optuna has no API for this: its storage
+    never changes a finished trial."""
     import sqlalchemy as sa
     from optuna.trial import TrialState
 
-    t, _, _, inter, attrs, _ = _tables()
+    t, _, _, inter, user, _ = _tables()
     with engine.begin() as conn:
-        trial_id = conn.execute(sa.select(t.c.trial_id).where(
-            t.c.study_id == study_id, t.c.number == number, t.c.state == TrialState.FAIL)).scalar()
-        if trial_id is None:
+        trial_id = conn.execute(sa.select(t.c.trial_id).where(t.c.study_id == study_id, t.c.number == number)).scalar()
+        if trial_id is None or conn.execute(t.update().where(t.c.trial_id == trial_id, t.c.state == TrialState.FAIL)
+                                            .values(state=TrialState.RUNNING, datetime_complete=None)).rowcount != 1:
             return False
-        conn.execute(t.update().where(t.c.trial_id == trial_id).values(state=TrialState.RUNNING,
-                                                                       datetime_complete=None))
         floor = -1 if keep_through is None else keep_through
         conn.execute(inter.delete().where(inter.c.trial_id == trial_id, inter.c.step > floor))
-        stale = [key for key in conn.execute(sa.select(attrs.c.key).where(
-            attrs.c.trial_id == trial_id, attrs.c.key.like(f"{EVAL_ATTR_PREFIX}%"))).scalars()
+        stale = [key for key in conn.execute(sa.select(user.c.key).where(
+            user.c.trial_id == trial_id, user.c.key.like(f"{EVAL_ATTR_PREFIX}%"))).scalars()
             if int(key[len(EVAL_ATTR_PREFIX):]) > floor]
-        if stale:
-            conn.execute(attrs.delete().where(attrs.c.trial_id == trial_id, attrs.c.key.in_(stale)))
+        conn.execute(user.delete().where(user.c.trial_id == trial_id, user.c.key.in_([*stale, *attrs])))
+        conn.execute(user.insert(), [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
+                                     for k, v in attrs.items()])
     return True

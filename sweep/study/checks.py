@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from typing import Any
 
 from sweep.errors import ConfigError
@@ -50,7 +51,13 @@ def cadence(file: str, checkpoint: Any) -> None:
                           "between interruptions of its interval)", given["mtbi_seconds"])
 
 
-def trial_module(file: str, study: Any) -> Any:
+def trial_module(file: str, study: Any, cwd: str | None = None) -> Any:
+    """The trial module `study` names, imported and checked. `cwd`: the directory the study was
+    opened in, where a module beside the study file is found, also once the process has moved on
+    (a lazily imported module, sweep.open(import_trial=False))."""
+    moved = cwd is not None and os.path.abspath(cwd) != os.getcwd() and cwd not in sys.path
+    if moved:
+        sys.path.insert(0, cwd)
     try:
         module = import_trial(study.trial)
     except ModuleNotFoundError as exc:
@@ -58,6 +65,9 @@ def trial_module(file: str, study: Any) -> Any:
                           study.trial) from None
     except Exception as exc:  # the user's module raised while importing
         raise ConfigError(file, "trial", f"importing the module raised {type(exc).__name__}: {exc}", study.trial) from None
+    finally:
+        if moved and cwd in sys.path:
+            sys.path.remove(cwd)
     problems = protocol_problems(module)
     if problems:
         attr, rule, value = problems[0]

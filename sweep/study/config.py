@@ -295,7 +295,7 @@ class Config:
         if self._trial_module is None:
             if self._import_error is None:
                 try:
-                    self._trial_module = config_checks.trial_module(str(self.path), self.study)
+                    self._trial_module = config_checks.trial_module(str(self.path), self.study, self.source.cwd)
                 except ConfigError as exc:
                     self._import_error = exc
             if self._import_error is not None:

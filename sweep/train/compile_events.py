@@ -113,6 +113,7 @@ def use_compilation_cache(directory: Path) -> None:
     jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
 
 
+LOCK_WAIT_S = 600.0  # the longest a worker waits for another's compile of the same program
 LOCKS = "sweep-compile-locks"  # in the cache folder: one empty file per program, its compile lock
 
 
@@ -159,7 +160,17 @@ def compiled_once(program: str | None, fn_name: str) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         start = time.monotonic()
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Bounded: a holder frozen mid-compile (SIGSTOP, a paused VM) keeps its lock, and the worker
+        # that takes its trial over needs the same program. Past the bound it compiles unlocked
+        # (only time is lost: JAX's own cache key decides what is reused).
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - start > LOCK_WAIT_S:
+                    break
+                time.sleep(0.05)
         waited = time.monotonic() - start
         COMPILES[f"waited:{fn_name}"] += waited
         COMPILES["compile_wait_seconds"] += waited

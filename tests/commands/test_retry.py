@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 import sweep
-from conftest import make_study, run, run_cli, run_interrupted, snapshot, trials, write_trial
+from conftest import (Running, checkpoint_dir, kill9, make_study, run, run_cli, run_interrupted, saved_steps,
+                      snapshot, trials, wait_for_checkpoint, wait_for_file, write_trial)
 from sweep.__main__ import main
 
 
@@ -68,7 +69,13 @@ def test_retry_refuses_a_changed_study_a_trial_that_did_not_fail_and_reopens_not
 
 
 @pytest.mark.slow
-def test_python_m_sweep_retry_trains_the_failed_trial_again_and_says_so(tmp_path):
+def test_python_m_sweep_retry_killed_mid_trial_then_run_ends_as_if_the_trial_never_failed(tmp_path):
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    write_trial(reference)
+    study = make_study(reference, n_trials=2, sampler={"type": "random", "seed": 0})
+    (reference / "study.yaml").write_text(yaml.safe_dump(study))
+    assert run_cli("run", reference / "study.yaml", cwd=reference).returncode == 0
     write_trial(tmp_path)
     study = make_study(tmp_path, n_trials=2, sampler={"type": "random", "seed": 0})
     path = tmp_path / "study.yaml"
@@ -78,9 +85,17 @@ def test_python_m_sweep_retry_trains_the_failed_trial_again_and_says_so(tmp_path
     assert first.returncode == 0 and "Trial 0 failed with parameters" in first.stderr, first.stderr
     assert run_cli("run", path, cwd=tmp_path).returncode == 0  # a rerun leaves a FAIL trial alone
     assert [t.state.name for t in trials(study)] == ["FAIL", "COMPLETE"]
-    again = run_cli("retry", path, cwd=tmp_path)
+    (tmp_path / "hold").write_text("3")  # the retry waits at its 3rd evaluation (step 30), past its save at 20
+    retry = Running("retry", path, cwd=tmp_path)
+    wait_for_file(tmp_path / "held", proc=retry)
+    wait_for_checkpoint(checkpoint_dir(path, 0), 20, proc=retry)  # its save at 20, committed while it waits
+    kill9(retry)
+    assert "trial 0: retried from step 0 (it failed with " in retry.stderr, retry.stderr
+    assert trials(study)[0].state.name == "RUNNING" and 20 in saved_steps(checkpoint_dir(path, 0))
+    (tmp_path / "hold").unlink()
+    again = run_cli("run", path, cwd=tmp_path)  # the same command as after any kill
     assert again.returncode == 0, again.stderr
-    assert "trial 0: retried from step 0 (it failed with " in again.stderr, again.stderr
-    assert [t.state.name for t in trials(study)] == ["COMPLETE", "COMPLETE"]
+    assert snapshot(path) == snapshot(reference / "study.yaml")
+    assert trials(study)[0].user_attrs["resumed_from"] == [20]
     status = run_cli("status", path, cwd=tmp_path)
     assert "2/2 trials finished" in status.stdout

@@ -4,11 +4,14 @@ their variants from, as test_api.TRIAL_SOURCE) and conftest.make_study (with MAR
 METRICS ("val_loss",)), each written under a name of its own beside the study.
 
 MARKERS: files in the current directory steer evaluation: `fault` makes the next one raise (and is
-removed, so a retry succeeds), `nan` makes every val_loss NaN. Without the files the values are
-those of MARKERS = False, so a run with a fault compares bit for bit with one without.
+removed, so a retry succeeds), `nan` makes every val_loss NaN, `hold` holding a number N makes the
+process's N-th evaluation (and later ones) wait while it exists, after creating `held` (a test kills
+the process there: mid-trial, past a save, on any machine). Without the files the values are those
+of MARKERS = False, so a run with a fault compares bit for bit with one without.
 """
 
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +48,15 @@ def loss(hp, params, batch, key):
     return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
 
 
+_evaluations = [0]  # of this process
+
+
 def _scale(_):
+    _evaluations[0] += 1
+    if os.path.exists("hold") and _evaluations[0] >= int(open("hold").read() or 1):
+        open("held", "w").close()
+        while os.path.exists("hold"):
+            time.sleep(0.05)
     if os.path.exists("fault"):
         os.remove("fault")
         raise RuntimeError("transient fault")
