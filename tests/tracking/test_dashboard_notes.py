@@ -145,3 +145,19 @@ def test_a_storage_that_refuses_the_dashboards_writes_fails_no_trial(here, sweep
         "optuna-dashboard: the study's figure and notes not written (StorageInternalError: An exception is raised "
         "during the commit. This typically happens due to invalid data in the commit, e.g. exceeding max length. )"
         "; the next ones are not said"], logged
+
+
+def test_a_study_past_the_figure_bound_keeps_its_trials_notes_without_the_study_figure(here, monkeypatch):
+    """Past STUDY_FIGURE_MAX_TRIALS trials (1,000; 2 here) the study's figure and note would read
+    every trial at each run's end and minute: they are left out, each trial's note is still written."""
+    from sweep.tracking import dashboard
+
+    monkeypatch.setattr(dashboard, "STUDY_FIGURE_MAX_TRIALS", 2)
+    study = make_study(here)  # 3 trials
+    run(study)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study['workdir']}/study.db")
+    attrs = storage.get_study_system_attrs(storage.get_study_id_from_name(study["name"]))
+    storage.engine.dispose()
+    assert not any(key.startswith(f"dashboard:plot_data:{FIGURE_ID}:") for key in attrs)
+    assert "dashboard:note_ver" not in attrs  # no study note
+    assert all(_note_of(study, n).startswith(f"## Trial {n}: COMPLETE") for n in range(3))
