@@ -172,6 +172,7 @@ class TrialCheckpoints:
         # A PBT member's latest exploit step (sweep/schedulers/pbt.py): its steps below it are another lineage,
         # never resumed from; with none intact at or above it the trial fails, loudly.
         self.restore_floor = 0
+        self.checksum_algorithm = integrity.ALGORITHM  # what saves record (replay may match an older study's)
 
     @classmethod
     def of_study(cls, config: Config, number: int, directory: Path, **options: Any) -> TrialCheckpoints:
@@ -227,7 +228,7 @@ class TrialCheckpoints:
             state = self.restore(step, template)
         except Exception as exc:  # tensorstore/JSON errors on torn or garbage files
             raise DamagedCheckpoint(f"restore failed: {type(exc).__name__}") from exc
-        if integrity.checksum(state) != integrity.read_checksum(self.directory, step):
+        if not integrity.matches(state, integrity.read_checksum(self.directory, step)):
             raise DamagedCheckpoint("checksum mismatch")
         return state
 
@@ -330,7 +331,7 @@ class TrialCheckpoints:
             if self.room is not None:
                 self.room(step, sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)))
             # The checksum is durable before the step exists, so a committed step always has one.
-            integrity.write_checksum(self.directory, step, integrity.checksum(state))
+            integrity.write_checksum(self.directory, step, integrity.checksum(state, self.checksum_algorithm))
             self._manager.save(step, args=ocp.args.StandardSave(packing.pack(state)), metrics=metrics, force=True)
             self._manager.wait_until_finished()
             integrity.make_durable(self.directory / str(step))

@@ -60,7 +60,7 @@ def manifest(folder: Path, step: int) -> dict[str, Any]:
     """What a commit mark records of local committed step `step`: its files with their sizes and its checksum."""
     step_dir = folder / str(step)
     files = {p.relative_to(step_dir).as_posix(): p.stat().st_size for p in sorted(step_dir.rglob("*")) if p.is_file()}
-    return {"files": files, "sha256": integrity.read_checksum(folder, step)}
+    return {"files": files, "checksum": integrity.read_checksum(folder, step)}
 
 
 def check_fetched(tmp: Path, folder: Path, step: int, mark: dict[str, Any], where: str) -> None:
@@ -70,7 +70,8 @@ def check_fetched(tmp: Path, folder: Path, step: int, mark: dict[str, Any], wher
         found = (tmp / rel).stat().st_size if (tmp / rel).is_file() else None
         if found != size:
             raise OSError(f"{folder.name} step {step}: {rel} is {found} bytes in {where}, its manifest says {size}")
-    if mark.get("sha256") is not None and integrity.read_checksum(folder, step) != mark["sha256"]:
+    committed = mark.get("checksum", mark.get("sha256"))  # "sha256": the key of marks before issue 42
+    if committed is not None and integrity.read_checksum(folder, step) != committed:
         raise OSError(f"{folder.name} step {step}: its checksum in {where} is not the one it was committed with")
 
 

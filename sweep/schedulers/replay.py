@@ -32,7 +32,7 @@ log = logging.getLogger("sweep")
 class ReplayReport:
     trial: int
     segments: list[tuple[int, int, int, dict[str, Any]]]  # (member, from step, to step, params)
-    recorded: str  # sha256 of the trial's final state as the study saved it
+    recorded: str  # the checksum of the trial's final state as the study saved it (integrity.checksum)
     replayed: str | None  # ... as the replay computed it
     # Its best step (what `export` writes), where it is not the last: (step, recorded, replayed);
     # None where the best is the last step or either side no longer keeps it.
@@ -45,11 +45,11 @@ class ReplayReport:
     def lines(self) -> list[str]:
         out = [f"trial {self.trial}'s lineage: {count(len(self.segments), 'segment')}, retrained from scratch"]
         out += [f"  steps {a}-{b}: trained as trial {m} with {p}" for m, a, b, p in self.segments]
-        out.append(f"recorded final state  sha256 {self.recorded}")
-        out.append(f"replayed final state  sha256 {self.replayed}")
+        out.append(f"recorded final state  checksum {self.recorded}")
+        out.append(f"replayed final state  checksum {self.replayed}")
         if self.best is not None:
-            out.append(f"recorded best step {self.best[0]} (exported)  sha256 {self.best[1]}")
-            out.append(f"replayed best step {self.best[0]}             sha256 {self.best[2]}")
+            out.append(f"recorded best step {self.best[0]} (exported)  checksum {self.best[1]}")
+            out.append(f"replayed best step {self.best[0]}             checksum {self.best[2]}")
         out.append("bit-identical: yes" if self.identical else "bit-identical: NO")
         return out
 
@@ -100,6 +100,7 @@ def replay(session: Session, trial: int | None = None) -> ReplayReport:
         for member, start, end, params in segments:
             log.info("replay: steps %d-%d as trial %d with %s", start, end, member, params)
             ckpt = trial_checkpoints(config, member, folder)
+            ckpt.checksum_algorithm = integrity.algorithm_of(recorded)  # a study saved by an older release: sha256
             try:
                 run_trial(config, member, config.hyperparameters(params), _Silent(), {}, ckpt,
                           StopSignal(hard_exit=False), seed_number=session.seed_number(member),

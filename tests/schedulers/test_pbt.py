@@ -17,6 +17,7 @@ import yaml
 
 from conftest import cache_env, interrupt_at_random, ran, cli_here, refused, run_cli, Running, study_in, study_of
 from sweep.__main__ import main
+from sweep.checkpoints import integrity
 
 # Two populations of 3 (trials 0-2, 3-5), pausing at 50, 100 and 150 of 200 steps: at each, the
 # worst member of a population copies the best (quantile 0.34 of 3: one). One sampled float.
@@ -46,12 +47,11 @@ def _folder(path: Path, number: int) -> Path:
 
 
 def _final_sums(path: Path) -> dict[int, str]:
-    """sha256 of every member's final state (its last step), as its checksum file records it."""
+    """The checksum of every member's final state (its last step), as its checksum file records it."""
     out = {}
     last = yaml.safe_load(path.read_text())["train"]["steps"]
     for t in study_of(path).trials:
-        record = _folder(path, t.number).with_name(f"trial_{t.number:04d}.sums") / f"{last}.sweep.json"
-        out[t.number] = json.loads(record.read_text())["sha256"]
+        out[t.number] = integrity.read_checksum(_folder(path, t.number), last)
     return out
 
 
