@@ -178,15 +178,22 @@ def jax_backends_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
-def uncompressed_standard_handler() -> Any:
+def uncompressed_standard_handler(use_ocdbt: bool, copy_host_arrays: bool) -> Any:
     """Orbax's StandardCheckpointHandler, writing arrays without zstd compression. Orbax offers
     the switch only on PyTreeCheckpointHandler, which the standard handler wraps in a private
     attribute with no argument to pass one in: replaced here (sweep/checkpoints/folder.py says why
-    uncompressed). Compressed steps of earlier releases still restore (the format records its compressor)."""
+    uncompressed, without OCDBT and without Orbax's copy of host arrays). Compressed and OCDBT steps
+    of earlier releases still restore (the format records its compressor, and a step whether it is OCDBT)."""
+    import numpy as np
     import orbax.checkpoint as ocp
 
-    handler = ocp.StandardCheckpointHandler()
-    handler._impl = ocp.PyTreeCheckpointHandler(use_compression=False)
+    types = ocp.type_handlers
+    registry = types.create_type_handler_registry(*[(t, types.get_type_handler(t)) for t in types.supported_types()])
+    if not copy_host_arrays:
+        registry.add(np.ndarray, types.NumpyHandler(deepcopy_host_arrays=False), override=True, ignore_warnings=True)
+    handler = ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt)
+    handler._impl = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=use_ocdbt,
+                                                type_handler_registry=registry)
     return handler
 
 

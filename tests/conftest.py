@@ -343,6 +343,13 @@ def wait_for_file(path: Path, timeout: float = 300, proc: Running | None = None)
     raise AssertionError(f"no {path}{ended}")
 
 
+def array_files(step_dir: Path) -> list[Path]:
+    """The files that hold a committed step's array bytes: a chunk file per array (`<array>/0`,
+    this release's layout) or the data files of OCDBT (`ocdbt.process_0/d/*`, releases before issue 42)."""
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and (
+        p.parent.name == "d" or (p.parent.parent.name == "default" and p.name[0].isdigit())))
+
+
 def checkpoint_dir(study: Path | dict[str, Any], number: int) -> Path:
     """Trial `number`'s checkpoint folder, of a study file or of an in-process study's dict."""
     workdir = study["workdir"] if isinstance(study, dict) else yaml.safe_load(study.read_text())["workdir"]

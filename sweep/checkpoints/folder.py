@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from sweep.checkpoints import integrity, packing
+from sweep.checkpoints import direct_read, integrity, packing
 from sweep.checkpoints.steps import step_dirs as _step_dirs
 from sweep.errors import DiskFault
 from sweep.host import cpu_time
@@ -66,16 +66,23 @@ def _absl_quiet(quiet: bool) -> Iterator[None]:
 
 
 def _uncompressed() -> Any:
-    """Orbax's standard handler, writing arrays without zstd compression (sweep/internals.py).
+    """Orbax's standard handler as sweep tunes it (sweep/internals.py; benchmarks/big_state.py measured each):
 
-    Measured on a trained 100 MB state (benchmarks/large_state.py): compression saved 8% of the
-    disk and cost 45% more save time and twice the restore time (it compresses in the writer and
-    decompresses in every restore, on the same cores as training). Compressed steps of earlier
-    releases still restore (the format records its compressor).
+    - no zstd compression: on a trained 100 MB state it saved 8% of the disk for 45% more save
+      time and twice the restore time (on the same cores as training);
+    - no OCDBT: packing (sweep/checkpoints/packing.py) already leaves Orbax a few arrays per state,
+      where OCDBT's one-file-per-step costs more than it saves (its writes went ~3x slower at 1 GB);
+    - no copy of host arrays: Orbax copies every numpy array it is given (a guard against the
+      caller changing it mid-write: orbax#1640's 14 GB for a 4 GB array); the tree sweep hands it
+      is a private host copy already, never changed after;
+    - one chunk per array (Orbax's default without OCDBT): tensorstore writes it from the host
+      copy's own buffer, where chunks that split an array's inner axis were copied first (peak
+      memory 1.30x the state above it with 64 MiB chunks, 1.00x unchunked, at 1 GB).
+    Compressed and OCDBT steps of earlier releases still restore (each step records its format).
     """
     from sweep.internals import uncompressed_standard_handler
 
-    return uncompressed_standard_handler()
+    return uncompressed_standard_handler(use_ocdbt=False, copy_host_arrays=False)
 
 
 def _handlers() -> Any:
@@ -201,6 +208,13 @@ class TrialCheckpoints:
         restore; a step written before one of the template's `optional_keys` existed comes back
         without it.
         """
+        return packing.place(*self._restore_host(step, template))
+
+    def _restore_host(self, step: int, template: Any) -> tuple[Any, Any]:
+        """(the state with the packed layout's large arrays still in host memory, the abstract tree it
+        restored): read at the disk's speed where the step is in this release's form
+        (sweep/checkpoints/direct_read.py), else by Orbax into numpy arrays (~1.5x faster than its
+        device-array restore); the checksum reads host memory (no device-to-host copy on a GPU)."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         trees = [abstract]
         if isinstance(abstract, dict) and any(k in abstract for k in self.optional_keys):
@@ -210,27 +224,30 @@ class TrialCheckpoints:
             for packed in (True, False):  # the layout this release writes first
                 try:
                     if packed:
-                        packed_args = ocp.args.StandardRestore(packing.packed_template(tree))
-                        return packing.unpack(self._manager.restore(step, args=packed_args), tree)
-                    return self._manager.restore(step, args=ocp.args.StandardRestore(tree))
+                        host = packing.packed_template(tree, host=True)
+                        read = direct_read.read(self.directory / str(step) / "default", host)
+                        if read is None:  # a step of an earlier release: Orbax reads it
+                            read = self._manager.restore(step, args=ocp.args.StandardRestore(host))
+                        return packing.unpack(read, tree), tree
+                    return self._manager.restore(step, args=ocp.args.StandardRestore(tree)), None
                 except Exception as exc:
                     first = first or exc
         assert first is not None
         raise first
 
     def restore_verified(self, step: int, template: Any) -> Any:
-        """`restore`, then check the step's recorded checksum; every reader of a checkpoint uses this.
+        """`restore`, checked against the step's recorded checksum; every reader of a checkpoint uses this.
 
         Raises:
             DamagedCheckpoint: the step does not restore, or its arrays differ from what was saved.
         """
         try:
-            state = self.restore(step, template)
+            state, tree = self._restore_host(step, template)
         except Exception as exc:  # tensorstore/JSON errors on torn or garbage files
             raise DamagedCheckpoint(f"restore failed: {type(exc).__name__}") from exc
         if not integrity.matches(state, integrity.read_checksum(self.directory, step)):
             raise DamagedCheckpoint("checksum mismatch")
-        return state
+        return packing.place(state, tree)
 
     def _verified(self, step: int, template: Any) -> Any | None:
         """The verified state of `step`, or None after moving the damaged step to quarantine."""

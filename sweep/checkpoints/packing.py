@@ -67,22 +67,50 @@ def pack(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v}
 
 
-def packed_template(template: Mapping[str, Any]) -> dict[str, Any]:
+def packed_template(template: Mapping[str, Any], host: bool = False) -> dict[str, Any]:
     """The abstract tree of `pack(state)` for a state shaped like `template` (arrays or
     ShapeDtypeStructs): packed buffers come back as host numpy arrays, whole arrays as the
-    template's own leaves (with their sharding)."""
+    template's own leaves (with their sharding), or with `host` as numpy arrays too (`place` puts
+    them where the template says after the checksum)."""
     out: dict[str, Any] = {}
     for name, tree in template.items():
         leaves = jax.tree.leaves(tree)
         sizes: dict[str, int] = {}
         whole: dict[str, Any] = {}
-        for i, (leaf, (group, _, n)) in enumerate(zip(leaves, _plan(leaves))):
+        for i, (leaf, (group, shape, n)) in enumerate(zip(leaves, _plan(leaves))):
             if group is None:
-                whole[str(i)] = leaf
+                whole[str(i)] = _host(leaf, shape) if host else leaf
             else:
                 sizes[group] = sizes.get(group, 0) + n
         out[name] = _entry({g: np.zeros((n,), np.dtype(g)) for g, n in sizes.items()}, whole)
     return {k: v for k, v in out.items() if v}
+
+
+def _host(leaf: Any, shape: tuple[int, ...]) -> Any:
+    """A numpy stand-in of `leaf` (zeros: pages the kernel maps only once written), or the leaf
+    itself where numpy has no such dtype (typed PRNG keys)."""
+    try:
+        return np.zeros(shape, np.dtype(leaf.dtype))
+    except TypeError:
+        return leaf
+
+
+def place(state: Any, template: Any) -> Any:
+    """`state` with each large array of the packed layout on the device of `template`'s leaf (a
+    device array or a ShapeDtypeStruct with a sharding), where `packed_template(..., host=True)` left it in host
+    memory; small arrays stay numpy, as they always came back. One entry at a time, so host
+    copies are freed as they go. A `template` of None: nothing to move (the plain layout)."""
+    if template is None:
+        return state
+    out: dict[str, Any] = {}
+    for name in list(state):
+        leaves, treedef = jax.tree.flatten(state.pop(name))
+        for i, (leaf, (group, _, _)) in enumerate(zip(jax.tree.leaves(template[name]), _plan(leaves))):
+            sharding = getattr(leaf, "sharding", None)
+            if group is None and sharding is not None and isinstance(leaves[i], np.ndarray):
+                leaves[i] = jax.device_put(leaves[i], sharding)
+        out[name] = jax.tree.unflatten(treedef, leaves)
+    return out
 
 
 def _entry(packed: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:

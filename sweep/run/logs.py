@@ -55,10 +55,14 @@ def setup(quiet: bool = False, verbose: bool = False) -> None:
 
 
 class _OrbaxChatter(logging.Filter):
-    """Drops absl records below WARNING logged from Orbax's modules; other libraries' absl logs pass."""
+    """Drops absl records below WARNING logged from Orbax's modules, and its warning at every save
+    that no OCDBT files were found to merge (sweep writes without OCDBT: sweep/checkpoints/folder.py);
+    other libraries' absl logs pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+        if f"{os.sep}orbax{os.sep}" not in record.pathname:
+            return True
+        return record.levelno >= logging.WARNING and "Skipping merge of OCDBT" not in str(record.msg)
 
 
 def route_warnings(verbose: bool, handler: logging.Handler | None = None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import checkpoint_dir, kill_mid_trial, run_cli, snapshot
+from conftest import array_files, checkpoint_dir, kill_mid_trial, run_cli, snapshot
 from sweep.checkpoints.folder import TrialCheckpoints
 
 
@@ -62,7 +62,7 @@ def _state(value: float) -> dict:
 
 
 def _flip(step_dir: Path) -> None:
-    for path in sorted((step_dir / "default").rglob("d/*")):
+    for path in array_files(step_dir):
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         path.write_bytes(bytes(raw))
@@ -147,8 +147,8 @@ def test_a_disk_fault_s_partial_step_is_gone_after_close_also_if_a_late_write_re
     ckpt.save((200, _state(200), {"val_loss": 0.5}))
     with pytest.raises(DiskFault, match=r"cannot write its checkpoint of step 200 .*\(ENOSPC\)"):
         ckpt.wait()
-    late = directory / "200.orbax-checkpoint-tmp" / "default" / "ocdbt.process_0" / "d"
+    late = directory / "200.orbax-checkpoint-tmp" / "default" / "params.sweep_packed.float32"
     late.mkdir(parents=True)  # what a write still in flight at the fault leaves behind
-    (late / "abc").write_bytes(b"x" * 100)
+    (late / "0").write_bytes(b"x" * 100)
     ckpt.close()
     assert sorted(p.name for p in directory.iterdir()) == ["100"]  # the committed step intact, no partial

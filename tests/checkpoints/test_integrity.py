@@ -1,5 +1,6 @@
 """Checksums of saved steps: the algorithm this release records (xxh3-128) and sha256, the one of
-earlier releases, both verified; every kind of damage detected with either."""
+earlier releases, both verified; every kind of damage detected with either. Steps "as the previous
+release wrote them" are OCDBT steps with a sha256 sidecar (this release writes neither)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from sweep.checkpoints import integrity
+from conftest import array_files
+from sweep.checkpoints import folder, integrity
 from sweep.checkpoints.folder import DamagedCheckpoint, TrialCheckpoints
+from sweep.internals import uncompressed_standard_handler
 
 
 def _state(value: float) -> dict:
@@ -34,31 +37,36 @@ def _sha256_as_released(state: dict) -> str:
 
 
 def _saved(directory: Path, algorithm: str, steps=(100, 200)) -> None:
-    ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=3, keep_best=0)
-    ckpt.checksum_algorithm = algorithm
+    """Steps saved by this release, or with "sha256" as the previous release saved them (OCDBT, sha256)."""
+    handler = folder._uncompressed
+    if algorithm == "sha256":
+        folder._uncompressed = lambda: uncompressed_standard_handler(use_ocdbt=True, copy_host_arrays=True)
+    try:
+        ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=3, keep_best=0)
+        ckpt.checksum_algorithm = algorithm
+        for step in steps:
+            ckpt.save((step, _state(step), {"val_loss": 1.0 / step}))
+        ckpt.close()
+    finally:
+        folder._uncompressed = handler
     for step in steps:
-        ckpt.save((step, _state(step), {"val_loss": 1.0 / step}))
-    ckpt.close()
-
-
-def _data_files(step_dir: Path) -> list[Path]:
-    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d")
+        assert (directory / str(step) / "default" / "manifest.ocdbt").exists() == (algorithm == "sha256")
 
 
 def _flip(step_dir: Path) -> None:
-    for path in _data_files(step_dir):
+    for path in array_files(step_dir):
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         path.write_bytes(bytes(raw))
 
 
 def _truncate(step_dir: Path) -> None:
-    for path in _data_files(step_dir):
+    for path in array_files(step_dir):
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
 def _remove_a_data_file(step_dir: Path) -> None:
-    max(_data_files(step_dir), key=lambda p: p.stat().st_size).unlink()  # the arrays' bytes (names are random)
+    max(array_files(step_dir), key=lambda p: p.stat().st_size).unlink()  # the arrays' bytes (names are random)
 
 
 def _remove_the_checksum(step_dir: Path) -> None:
@@ -69,7 +77,8 @@ def test_a_save_records_xxh3_128_beside_its_digest(tmp_path):
     _saved(tmp_path / "t", integrity.ALGORITHM, steps=(100,))
     record = json.loads(integrity.checksum_file(tmp_path / "t", 100).read_text())
     assert set(record) == {"step", "xxh3_128"} and len(record["xxh3_128"]) == 32
-    assert integrity.read_checksum(tmp_path / "t", 100) == integrity.checksum(_state(100)) == f"xxh3_128:{record['xxh3_128']}"
+    recorded = integrity.read_checksum(tmp_path / "t", 100)
+    assert recorded == integrity.checksum(_state(100)) == f"xxh3_128:{record['xxh3_128']}"
 
 
 def test_a_step_written_with_sha256_as_the_previous_release_did_restores_and_verifies(tmp_path):
@@ -132,3 +141,16 @@ def test_a_digest_recorded_with_one_algorithm_never_matches_another_state(tmp_pa
     assert not integrity.matches(_state(1), None)
     with pytest.raises(ValueError, match="unknown checksum algorithm"):
         integrity.checksum(_state(1), "md5")
+
+
+def test_this_release_s_steps_are_read_from_their_files_and_earlier_ones_by_orbax(written):
+    """sweep/checkpoints/direct_read.py: one uncompressed chunk per array is read straight from its file
+    (64-byte aligned, so JAX on the CPU takes it without a copy); an OCDBT step is left to Orbax."""
+    from sweep.checkpoints import direct_read, packing
+
+    host = packing.packed_template(_state(0), host=True)
+    read = direct_read.read(written["xxh3_128"] / "200" / "default", host)
+    assert read is not None and jax.tree.structure(read) == jax.tree.structure(host)
+    assert all(a.ctypes.data % direct_read.ALIGN == 0 for a in jax.tree.leaves(read))
+    assert jax.tree.all(jax.tree.map(np.array_equal, packing.unpack(read, _state(0)), _state(200)))
+    assert direct_read.read(written["sha256"] / "200" / "default", host) is None

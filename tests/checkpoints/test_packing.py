@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import array_files
 from sweep.checkpoints import packing
 from sweep.checkpoints.folder import TrialCheckpoints
 
@@ -58,6 +59,25 @@ def test_packed_steps_restore_bit_identical_with_their_optax_types(tmp_path):
     assert type(restored["opt_state"][0]).__name__ == "ScaleByAdamState"
 
 
+def test_a_device_template_gets_its_large_arrays_back_on_its_devices_and_its_small_ones_in_numpy(tmp_path):
+    """Orbax reads the large arrays into host memory (faster than its device-array restore), the
+    checksum is taken there, then they go where the template's arrays are, as before."""
+    state = _state()
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    template = jax.tree.map(lambda x: jax.device_put(np.zeros_like(x), sharding), state)
+    ckpt = TrialCheckpoints(tmp_path / "c", "val_loss", "minimize", 2, 1)
+    try:
+        ckpt.save((10, state, {"val_loss": 1.0}))
+        ckpt.wait()
+        for restored in (ckpt.restore_verified(10, template), ckpt.restore(10, template)):
+            assert _equal(jax.tree.map(np.asarray, restored), state)
+            big = restored["params"]["big"]
+            assert isinstance(big, jax.Array) and big.sharding == sharding
+            assert isinstance(restored["params"]["Dense_0"]["kernel"], np.ndarray)
+    finally:
+        ckpt.close()
+
+
 def test_a_step_of_the_plain_layout_still_restores(tmp_path, monkeypatch):
     # What releases before packing wrote: the state's own tree, one Orbax array per leaf.
     state = _state(layers=3)
@@ -94,7 +114,7 @@ def test_a_damaged_packed_buffer_fails_its_checksum(tmp_path):
     try:
         ckpt.save((10, state, {"val_loss": 1.0}))
         ckpt.wait()
-        data = [p for p in (tmp_path / "c" / "10").rglob("*") if p.is_file() and "d" == p.parent.name]
+        data = array_files(tmp_path / "c" / "10")
         assert data, sorted(str(p) for p in (tmp_path / "c" / "10").rglob("*"))
         for path in data:  # flip bytes in the middle of every data file of the step
             raw = bytearray(path.read_bytes())

@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import cache_env, interrupt_at_random, ran, cli_here, refused, run_cli, Running, study_in, study_of
+from conftest import array_files, cache_env, interrupt_at_random, ran, cli_here, refused, run_cli, Running, study_in, study_of
 from sweep.__main__ import main
 from sweep.checkpoints import integrity
 
@@ -187,7 +187,7 @@ def test_a_damaged_donor_checkpoint_is_never_copied(tmp_path):
             first, second = decision[worst]["donors"]
             # every array data file, bytes flipped (overwriting with zeros may change nothing: the
             # middle of a file can be zeros already)
-            for victim in (_folder(path, first) / "1000" / "default").rglob("d/*"):
+            for victim in array_files(_folder(path, first) / "1000"):
                 raw = bytearray(victim.read_bytes())
                 raw[len(raw) // 2] ^= 0xFF
                 victim.write_bytes(bytes(raw))
