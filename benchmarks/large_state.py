@@ -15,6 +15,8 @@ where the device-to-host copy is the floor of blocking. In ABBA order, `--rounds
   size. Target: <= ~2 copies.
 
     .venv/bin/python benchmarks/large_state.py [--hidden 2048] [--depth 3] [--rounds 4]
+
+States of 1-8 GB are measured by big_state.py (one process per case, the kernel's peak RSS).
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def main() -> None:
                 restored = ckpt.restore_verified(step, template)
                 t4 = time.perf_counter()
                 del restored
-                unverified = ckpt.restore(step, template)  # the parts of it: Orbax's read ...
+                unverified = ckpt.restore(step, template)  # the parts of it: the read (direct_read.py) ...
                 t5 = time.perf_counter()
                 integrity.checksum(unverified)  # ... and the checksum
                 t6 = time.perf_counter()
@@ -164,7 +166,7 @@ def main() -> None:
     print(f"blocking per save: sweep {med['blocking'] * 1e3:.1f} ms, host copy {med['host_copy'] * 1e3:.1f} ms; "
           f"ratio {med['blocking'] / med['host_copy']:.3f}  (target <= 1.2)")
     print(f"restore (verified): sweep {med['restore'] * 1e3:.0f} ms, np.load {med['plain_load'] * 1e3:.0f} ms; "
-          f"ratio {med['restore'] / med['plain_load']:.3f}  (target <= 2); its parts: Orbax read "
+          f"ratio {med['restore'] / med['plain_load']:.3f}  (target <= 2); its parts: the read "
           f"{med['orbax_read'] * 1e3:.0f} ms, checksum {med['checksum'] * 1e3:.0f} ms")
     print(f"peak host memory during a save, above the state: max {max(peaks):.2f}x the state's size "
           f"({max(peaks) * mb:.0f} MB; target <= ~2)")
