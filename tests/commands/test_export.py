@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli, cli_env, kill9, kill_mid_trial, cli_here, run_cli, Running, study_of
+from conftest import array_files, cli, cli_env, kill9, kill_mid_trial, cli_here, run_cli, Running, study_of
 from sweep.checkpoints.folder import TrialCheckpoints
 from sweep.commands.best import _jitted
 from sweep.study import config as config_lib
@@ -113,7 +113,9 @@ def test_exported_params_are_the_best_step_not_the_last(write_study, tmp_path):
     assert _evaluate(study, last, meta["hyperparameters"]) == trial.intermediate_values[1500] > entry["best_value"]
 
     # A damaged best checkpoint is never exported as if it were fine.
-    for path in sorted((ckpt_dir / str(entry["best_step"]) / "default").rglob("d/*")):
+    damaged_files = array_files(ckpt_dir / str(entry["best_step"]))
+    assert damaged_files
+    for path in damaged_files:
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         path.write_bytes(bytes(raw))
