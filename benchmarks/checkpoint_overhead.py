@@ -35,6 +35,7 @@ class NoCheckpoints:
     """Checkpointing off: saves and restores do nothing."""
 
     last_saved = None
+    ram = None
 
     def __init__(self, *args, **kwargs):
         pass
@@ -61,6 +62,9 @@ class NoCheckpoints:
         return False
 
     def wait(self):
+        pass
+
+    def drop_ram(self):
         pass
 
     def close(self):

@@ -1,6 +1,9 @@
-"""Exceptions that the CLI maps to exit codes and one-line messages."""
+"""Exceptions that the CLI maps to exit codes and one-line messages, and `disk_errno`: which errors are the disk's."""
 
 from __future__ import annotations
+
+import errno
+import re
 
 
 class SweepError(Exception):
@@ -85,3 +88,22 @@ class RemoteFault(DiskFault):
 class CheckpointsRemoved(SweepError):
     """The trial's checkpoints were removed by the study's disk budget (`checkpoint.keep_trials`,
     `checkpoint.max_disk`): its record stays, its weights are gone. Exit 1 on the command line."""
+
+
+# Errors of the disk, not of the trial: they stop the run and leave the trial resumable.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # how tensorstore (Orbax's array writer) says it
+
+
+def disk_errno(exc: BaseException) -> int | None:
+    """The errno of a disk fault in `exc` or its causes (OSError, or tensorstore's message)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            return exc.errno
+        code = _OS_ERROR_CODE.search(str(exc))
+        if code and int(code.group(1)) in DISK_ERRNOS:
+            return int(code.group(1))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None

@@ -11,7 +11,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -25,31 +24,13 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from sweep.checkpoints import direct_read, integrity, packing
+from sweep.checkpoints import ram as ram_lib
 from sweep.checkpoints.steps import step_dirs as _step_dirs
-from sweep.errors import DiskFault
+from sweep.errors import DiskFault, disk_errno
 from sweep.host import cpu_time
 from sweep.study.config import Config
 
 log = logging.getLogger("sweep")
-
-
-# Errors of the disk, not of the trial: they stop the run and leave the trial resumable.
-DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
-_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # how tensorstore (Orbax's array writer) says it
-
-
-def disk_errno(exc: BaseException) -> int | None:
-    """The errno of a disk fault in `exc` or its causes (OSError, or tensorstore's message)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
-            return exc.errno
-        code = _OS_ERROR_CODE.search(str(exc))
-        if code and int(code.group(1)) in DISK_ERRNOS:
-            return int(code.group(1))
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return None
 
 
 @contextlib.contextmanager
@@ -180,6 +161,7 @@ class TrialCheckpoints:
         # never resumed from; with none intact at or above it the trial fails, loudly.
         self.restore_floor = 0
         self.checksum_algorithm = integrity.ALGORITHM  # what saves record (replay may match an older study's)
+        self.ram: TrialCheckpoints | None = None  # the trial's folder in the RAM tier (sweep/checkpoints/ram.py)
 
     @classmethod
     def of_study(cls, config: Config, number: int, directory: Path, **options: Any) -> TrialCheckpoints:
@@ -378,19 +360,33 @@ class TrialCheckpoints:
             pending, self._pending = self._pending, None
             pending.result()
 
+    def drop_ram(self) -> None:
+        """The trial's last step is on disk (it completed, pruned or paused): its RAM folder goes."""
+        ram, self.ram = self.ram, None
+        if ram is not None:
+            ram.close()
+            ram_lib.clear(ram.directory)
+
     def close(self) -> None:
         try:
             self.wait()
         finally:
-            self._executor.shutdown(wait=True)
             try:
-                self._manager.close()
-            except Exception as exc:
-                if disk_errno(exc) is None:
-                    raise
+                if self.ram is not None:
+                    self.ram.close()
             finally:
-                if self._faulted:  # what writes still in flight at the fault wrote since (see _remove_partials)
-                    self._remove_partials()
+                self._close_own()
+
+    def _close_own(self) -> None:
+        self._executor.shutdown(wait=True)
+        try:
+            self._manager.close()
+        except Exception as exc:
+            if disk_errno(exc) is None:
+                raise
+        finally:
+            if self._faulted:  # what writes still in flight at the fault wrote since (see _remove_partials)
+                self._remove_partials()
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from sweep.checkpoints import ram as ram_lib
 from sweep.checkpoints import remote as remote_lib
 from sweep.checkpoints import retention
 from sweep.store.session import Session
@@ -25,6 +26,7 @@ class StudyCheckpoints:
         self.write_budget: WriteBudget | None = None  # shared by this process's trials of the study
         self._remote: remote_lib.RemoteTier | None = None
         self._opened = False
+        self._ram_root: Path | None = None
 
     @property
     def remote(self) -> remote_lib.RemoteTier | None:
@@ -48,6 +50,9 @@ class StudyCheckpoints:
         upload_fence = self.upload_fence(number) if fence is not None else None
         if remote is not None:
             remote.fetch_missing(directory, f"trial {number}")  # a new host resumes from the tier
+        ram_dir = self.ram_dir(number)
+        if ram_dir is not None:  # a killed process's newer steps in RAM join the workdir's (sweep/checkpoints/ram.py)
+            ram_lib.promote(ram_dir, directory, f"trial {number}")
 
         def room(step: int, needed: int) -> None:
             retention.make_room(self.session, remote, number, step, needed, directory)
@@ -64,7 +69,18 @@ class StudyCheckpoints:
             on_commit=committed if remote is not None or on_commit is not None else None)
         if remote is not None:
             remote.upload_missing(directory, upload_fence)  # what a kill or an outage kept from the tier
+        if ram_dir is not None:
+            ckpt.ram = TrialCheckpoints(ram_dir, config.study.objective.metric, config.study.objective.direction,
+                                        keep_last=1, keep_best=1, label=f"trial {number} (RAM tier)",
+                                        budget=WriteBudget(), optional_keys=self.optional_keys, fence=fence)
         return ckpt
+
+    def ram_dir(self, number: int) -> Path | None:
+        """Trial `number`'s folder in the RAM tier, or None without checkpoint.ram."""
+        if self._ram_root is None:
+            found = ram_lib.trial_dir(self.session, number)
+            self._ram_root = found.parent if found is not None else None
+        return self._ram_root / self.session.config.checkpoint_dir(number).name if self._ram_root else None
 
     def upload_fence(self, number: int) -> Callable[[], None]:
         """The fence of trial `number`'s uploads: an upload may outlast the trial (its claim is

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.checkpoints import ram as ram_lib
 from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import newest_step
 from sweep.errors import UsageError
@@ -53,12 +54,16 @@ def reopen(session: Session, numbers: list[int] | None = None, from_scratch: boo
     for n in chosen:
         trial = session.trial(n)
         attrs = trial.user_attrs
+        ram_dir = ram_lib.trial_dir(session, n)
         if from_scratch:
             _remove_checkpoints(config, trial)  # a kill before the reopen leaves a FAIL trial to retry
+            if ram_dir is not None:
+                ram_lib.clear(ram_dir)
         # The newest step the run can resume from, wherever it is (plan's rule): the reports up to
         # it stay, since nothing trains those steps again.
-        step = max((s for s in [*remote.get(n, []), *[newest_step(f) for f in _folders(config, trial)]]
-                    if s is not None), default=None)
+        folders = [*_folders(config, trial), *([ram_dir] if ram_dir is not None else [])]
+        step = max((s for s in [*remote.get(n, []), *[newest_step(f) for f in folders]] if s is not None),
+                   default=None)
         entry = {"error": attrs.get(ERROR), "failures": attrs.get(FAILURES, 0),
                  "last_step": max((int(k[len(EVAL_ATTR_PREFIX):]) for k in attrs if k.startswith(EVAL_ATTR_PREFIX)),
                                   default=None),

@@ -125,9 +125,11 @@ class _Attempt:
             claimed.fence()
             if outcome.state == "PAUSED":  # its rung checkpoint on disk before it is paused
                 self.ckpt.wait()
+                self.ckpt.drop_ram()
                 return outcome
             _record_outcome(session, claimed.trial, outcome)  # while the final save is still being written
             self.ckpt.wait()  # told only once it is on disk
+            self.ckpt.drop_ram()  # its last step is on disk: the RAM tier's copy goes
             self.curves.end(outcome.state, outcome.best_step)
             return outcome
         except Interrupted:

@@ -14,6 +14,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep.checkpoints import retention
+from sweep.checkpoints import ram as ram_lib
 from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import newest_step
 from sweep.schedulers import base as scheduler
@@ -76,6 +77,9 @@ def make(session: Session) -> Plan:
     live = session.live_numbers(running)
     orphans = [t.number for t in running if t.number not in live]
     remote = (remote_steps(session, orphans) or {}) if orphans else {}
+    for number in orphans if config.study.checkpoint.ram else ():  # a killed process's newer steps in RAM
+        if (step := newest_step(ram_lib.trial_dir(session, number) or "")) is not None:
+            remote.setdefault(number, []).append(step)
     return Plan(
         exists=True,
         finished={number: state.name for number, state in sorted(states.items()) if state in FINISHED},
@@ -97,7 +101,8 @@ def make(session: Session) -> Plan:
 
 
 def _newest(config: Config, trial: Any, remote: dict[int, list[int]]) -> int | None:
-    """The newest step of `trial` here or in the bucket of checkpoint.remote (`remote`)."""
+    """The newest step of `trial` here or in the other tiers: the bucket of checkpoint.remote and
+    the RAM tier (`remote`)."""
     folder = checkpoint_folder(config, trial)
     found = [*remote.get(trial.number, []), *([newest_step(folder)] if folder is not None else [])]
     return max((s for s in found if s is not None), default=None)

@@ -102,6 +102,9 @@ class Pbt(base.Scheduler):
         if study.checkpoint.remote is not None:
             raise ValueError("scheduler.type: pbt copies a member's checkpoint into another's folder on this "
                              "host's disk; it does not run with checkpoint.remote yet, got 'pbt'")
+        if study.checkpoint.ram is not None:
+            raise ValueError("scheduler.type: pbt copies a member's checkpoint folder in the workdir; it does not run "
+                             "with checkpoint.ram yet (a member's RAM steps would be another lineage), got 'pbt'")
 
     def pause_at(self, config: Config, trial: FrozenTrial) -> int | None:
         """A new member pauses at the first interval, one that goes on at the step its promotion

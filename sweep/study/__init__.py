@@ -1,4 +1,4 @@
-"""The study file: reading it, its schema and rules, the messages of its errors, the search
+"""The study file: reading it, its schema and rules (the checkpoint section: checkpoint_keys.py), the messages of its errors, the search
 space, objectives, constraints, credentials, and the fingerprint of what its trials mean.
 
 May import: sweep's top-level errors, words and results, and the families below it: host, trial.

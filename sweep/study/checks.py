@@ -51,6 +51,14 @@ def cadence(file: str, checkpoint: Any) -> None:
                           "between interruptions of its interval)", given["mtbi_seconds"])
 
 
+def ram_tier(file: str, checkpoint: Any) -> None:
+    """checkpoint.ram.path is a folder that exists here (a fast local filesystem: /dev/shm, a local SSD)."""
+    ram = checkpoint.ram
+    if ram is not None and not os.path.isdir(ram.path):
+        raise ConfigError(file, "checkpoint.ram.path", "must be an existing folder on a fast local filesystem "
+                          "(/dev/shm, a tmpfs or a local SSD)", ram.path)
+
+
 def trial_module(file: str, study: Any, cwd: str | None = None) -> Any:
     """The trial module `study` names, imported and checked. `cwd`: the directory the study was
     opened in, where a module beside the study file is found, also once the process has moved on

@@ -12,11 +12,10 @@ import copy
 import dataclasses
 import importlib.util
 import os
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ByteSize, ConfigDict, Field, SerializeAsAny, ValidationError, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationError, model_validator
 
 from sweep.errors import ConfigError
 from sweep.study import checks as config_checks
@@ -27,7 +26,8 @@ from sweep.study import yaml_file as study_yaml
 from sweep.study.constraints import Constraint
 from sweep.study.objectives import Objective
 from sweep.study.params import PARAM_MODELS, Param, Scalar, StrictModel
-from sweep.study.scheduler_keys import SchedulerKeys
+from sweep.study.checkpoint_keys import DEFAULT_WRITE_SHARE, Checkpoint, RamTier  # noqa: F401 (re-exported)
+from sweep.study.scheduler_keys import MAX_STEP, SchedulerKeys
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 # The study file's sampler and pruner names -> the Optuna class each builds (the one list of them).
@@ -43,7 +43,6 @@ PRUNER_CLASSES = {
 }
 SamplerName = Literal[tuple(SAMPLER_CLASSES)]  # type: ignore[valid-type]
 PrunerName = Literal[tuple(PRUNER_CLASSES)]  # type: ignore[valid-type]
-MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
 
 
 class Sampler(StrictModel):
@@ -78,57 +77,6 @@ class Train(StrictModel):
 
 # The default cadence (no cadence key) writes at most this share of the wall time. Measured on the example
 # with every_steps 100 (benchmarks/RESULTS.md): 0.03 keeps a study within 1.05x of no periodic saves.
-DEFAULT_WRITE_SHARE = 0.03
-
-
-class Checkpoint(StrictModel):
-    every_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
-    every_seconds: Annotated[float, Field(gt=0)] | None = 300.0
-    every: Literal["auto"] | None = None  # Young-Daly's interval, mtbi_seconds its prior (sweep/train/young_daly.py)
-    mtbi_seconds: Annotated[float, Field(gt=0)] | None = None  # rules across keys: sweep/study/checks.py (cadence)
-    keep_last: Annotated[int, Field(ge=1)] = 2
-    keep_best: Annotated[int, Field(ge=1)] = 1  # the best state is always kept (docs/reference.md)
-    # SIGTERM/SIGINT: exit after this at the latest; null: $SWEEP_GRACE_SECONDS, else 30 (sweep/host/signals.py)
-    grace_seconds: Annotated[float, Field(gt=0)] | None = None
-    # The write budget (sweep/train/cadence.py): given, caps any cadence (null: none). See write_share.
-    max_write_share: Annotated[float, Field(gt=0, le=1)] | None = None
-    # The disk budget (sweep/checkpoints/retention.py): only the K best COMPLETE trials keep checkpoints; a byte cap.
-    keep_trials: Annotated[int, Field(ge=1)] | None = None
-    max_disk: Annotated[ByteSize, Field(gt=0)] | None = None
-    # A remote tier (sweep/checkpoints/remote.py) every committed step is uploaded to: s3:// built in,
-    # other URL schemes by `tiers`, scheme -> "module:Class" (sweep/checkpoints/tiers.py).
-    remote: str | None = None
-    tiers: dict[str, str] = {}
-
-    @property
-    def explicit_cadence(self) -> bool:  # the file gives every_steps or every_seconds: honoured exactly
-        return self.every is None and bool({"every_steps", "every_seconds"} & self.model_fields_set)
-
-    @property
-    def write_share(self) -> float | None:
-        """The write budget in force: max_write_share where the file gives it (null: none), else
-        none for an explicit cadence and DEFAULT_WRITE_SHARE for the default one."""
-        if "max_write_share" in self.model_fields_set:
-            return self.max_write_share
-        return None if self.explicit_cadence else DEFAULT_WRITE_SHARE
-
-    @model_validator(mode="after")
-    def _check_remote(self) -> Checkpoint:
-        for scheme, path in self.tiers.items():
-            if scheme == "s3" or not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
-                raise ValueError(f"tiers: must name URL schemes (lowercase letters, digits, +.-) other than "
-                                 f"the built-in s3, got {scheme!r}")
-            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", path):
-                raise ValueError(f"tiers.{scheme}: must be a tier class's import path, module:Class, got {path!r}")
-        if self.remote is None or self.remote.partition("://")[0] in self.tiers and "://" in self.remote:
-            return self
-        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", self.remote):
-            other = f" or a URL of a scheme named in checkpoint.tiers ({', '.join(self.tiers)})" if self.tiers else ""
-            raise ValueError(f"remote: must be s3://bucket/prefix (a bucket name of 3-63 lowercase letters, digits, "
-                             f"dots and hyphens){other}, got {self.remote!r}")
-        return self
-
-
 class Parallel(StrictModel):
     n_jobs: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # auto: one worker per device slot (sweep/host/slots.py)
     trials_per_device: Annotated[int, Field(ge=1)] = 1  # workers sharing each slot's devices (GPU memory / M each)
@@ -387,6 +335,7 @@ def from_dict(raw: dict[str, Any], origin: str = "<dict>", env: dict[str, str] |
     config_checks.storage(origin, study.storage, raw.get("storage"))
     config_checks.warm_start(origin, study.warm_start)
     config_checks.cadence(origin, study.checkpoint)
+    config_checks.ram_tier(origin, study.checkpoint)
     space.check(origin, study)
     module = config_checks.trial_module(origin, study) if import_trial else None
     config = Config(Path(origin), study, module, Source(copy.deepcopy(raw), origin, os.getcwd(), used))

@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 from sweep.study.params import StrictModel
 from sweep.trial.protocol import import_trial
 
-MAX_STEP = 2 ** 31 - 1
+MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
 # The built-in schedulers: the study file's name -> "module:Class". A new built-in scheduler is its
 # module in sweep/schedulers/ and one entry here; a user's own is named in the study file by its
 # import path instead (`scheduler: {type: "package.module:ClassName", ...}`).

@@ -61,6 +61,9 @@ class Cadence:
         self.warned = False
         self.asked = ""  # the cadence keys the study file gives, as the cost warning names them
         self.auto: young_daly.AutoInterval | None = None  # every: auto (sets every_seconds)
+        self.save_seconds: float | None = None  # a disk save's cost, measured or predicted (`measure`)
+        self.ram_saves = 0  # checkpoint.ram: this run's saves to the RAM tier, and their blocking seconds
+        self.ram_blocking = 0.0
 
     @classmethod
     def of(cls, checkpoint: Checkpoint, start: int, ledger: RunLedger | None = None,
@@ -112,7 +115,9 @@ class Cadence:
         grace period; with `every: auto`, the interval chosen from it, recorded in the ledger."""
         before = ledger.before
         writes = self.saves - (ckpt is not None and ckpt.busy())  # the newest may still be in flight
-        own = young_daly.save_cost(before.get("checkpoint_blocking", 0.0) + ledger.parts["checkpoint_blocking"],
+        blocking = before.get("checkpoint_blocking", 0.0) + ledger.parts["checkpoint_blocking"]
+        blocking -= before.get("ram_blocking", 0.0) + self.ram_blocking  # the RAM tier's saves are no disk saves
+        own = young_daly.save_cost(max(blocking, 0.0),
                                    before.get("saves", 0.0) + self.saves,
                                    before.get("checkpoint_background", 0.0) + ledger.background,
                                    before.get("saves", 0.0) + writes)
@@ -120,6 +125,8 @@ class Cadence:
             ledger.auto = self.auto.choose(own, time.monotonic() - ledger.start)
             self.every_seconds = ledger.auto["auto_every_seconds"]
             own = ledger.auto.get("auto_save_seconds")
+        if own is not None:
+            self.save_seconds = own
         if stop is not None and own is not None:
             stop.check_save_time(number, own, how)
 
@@ -127,7 +134,8 @@ class Cadence:
         """This run's saves for the ledger (sums over runs: the mean interval stays derivable)."""
         return {"saves": float(self.saves), "deferred_saves": float(self.deferred),
                 "save_gaps": float(self.saves), "save_gap_steps": float(self.gap_steps),
-                "save_gap_seconds": self.gap_seconds}
+                "save_gap_seconds": self.gap_seconds, "ram_saves": float(self.ram_saves),
+                "ram_blocking": self.ram_blocking}
 
     def check_cost(self, number: int, ledger: RunLedger) -> None:
         """Say once per run when an exact cadence takes more than COST_WARNING_SHARE of training."""

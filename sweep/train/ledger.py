@@ -25,7 +25,9 @@ LEDGER_WRITE_SECONDS = 10.0
 PARTS = ("training", "evaluating", "compiling", "restoring", "checkpoint_blocking", "waiting")
 # Saves written and deferred by the write budget, and the steps and seconds between consecutive
 # saves (sweep/train/cadence.py): sums, so that a trial's mean checkpoint interval stays derivable.
-SAVE_KEYS = ("saves", "deferred_saves", "save_gaps", "save_gap_steps", "save_gap_seconds")
+# With checkpoint.ram: the RAM tier's saves, and the training thread's seconds in them (also part of
+# checkpoint_blocking; a disk save's cost is measured without them).
+SAVE_KEYS = ("saves", "deferred_saves", "save_gaps", "save_gap_steps", "save_gap_seconds", "ram_saves", "ram_blocking")
 KEYS = (*PARTS, "checkpoint_background", "wall", "lost", "lost_steps", "interruptions", *SAVE_KEYS)
 # `checkpoint: {every: auto}` (sweep/train/young_daly.py): the interval chosen last and its inputs,
 # the seconds per save and the mean time between interruptions; the newest values, not sums.

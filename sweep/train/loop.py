@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol
 
 import jax
 import numpy as np
@@ -19,7 +19,8 @@ from sweep.study.config import Config
 from sweep.train import compile_events, compiled
 from sweep.train.cadence import Cadence, best_of, flush
 from sweep.train.ledger import RunLedger
-from sweep.train.state import data_seed, initial_state, run_hyperparameters, shapes_of
+from sweep.train.ram_saves import RamSaves
+from sweep.train.state import checked_metrics, data_seed, initial_state, run_hyperparameters, shapes_of
 from sweep.train.stream import DATA_STATE_KEY, Batches, evaluate_batches, open_iterator, validation_streamed
 
 log = logging.getLogger("sweep")
@@ -117,6 +118,8 @@ def run_trial(
                 if run.step == run.total:
                     return run.outcome("COMPLETE")
                 run.stop_after_save()
+            elif run.ram.save_due(run.step):
+                run.save_ram()
             run.train_windows()
     except Interrupted:
         ckpt.wait()
@@ -208,6 +211,7 @@ class _TrialRun:
         self.params, self.opt_state, self.key = state["params"], state["opt_state"], state["key"]
         self.model_state, self.loss_sum = state.get("model_state", {}), state["train_loss_sum"]
         self.cadence = Cadence.of(config.study.checkpoint, self.step, self.ledger, self.stop, self.number)
+        self.ram = RamSaves(self.ckpt, config.study.checkpoint, self.start, self.step)
 
     def evaluation_due(self) -> bool:
         return self.step > 0 and (self.step % self.eval_every == 0 or self.step == self.total)
@@ -219,7 +223,7 @@ class _TrialRun:
         pruning decision at that step is made exactly as in an uninterrupted run."""
         step, number, metric = self.step, self.number, self.metric
         with self.ledger.timed("evaluating"):
-            self.evaluated = evaluated = _metrics(self._evaluations(), self.module.METRICS, self.told, number, step)
+            self.evaluated = evaluated = checked_metrics(self._evaluations(), self.module.METRICS, self.told, number, step)
         value = evaluated[metric]
         log.debug("trial %d: step %d: %s=%r (%s)", number, step, metric, value,
                   ", ".join(f"{k}={v:.6g}" for k, v in evaluated.items() if k != metric))
@@ -259,19 +263,27 @@ class _TrialRun:
         return must or (self.cadence.due(self.step) and not self.cadence.defer(self.ckpt))
 
     def save(self) -> None:
-        """Save the best state held back and the current step (in the background), and count it."""
+        """Save the best state held back and the current step (in the background), and count it.
+        A signal's save goes to the RAM tier where a disk save is predicted to outlast the grace left."""
+        if self.stop.signum is not None and self.step < self.total and self.ram.disk_too_slow(self.cadence, self.stop):
+            self.save_ram()
+            return
         with self.ledger.timed("checkpoint_blocking"):
             wrote = flush(self.ckpt, self.best, (self.step, self._snapshot, self.evaluated))
         self.cadence.saved(self.step, wrote)
         self.cadence.after_save(self.number, self.ledger, self.ckpt, self.stop)
 
+    def save_ram(self) -> None:
+        self.ram.save(self.step, self._snapshot(), self.evaluated, self.best, self.cadence, self.ledger)
+
     def stop_after_save(self) -> None:
         """On a signal: wait for the save of this step, then stop (it resumes from it)."""
         if self.stop.signum is not None:
             with self.ledger.timed("checkpoint_blocking"):
-                self.ckpt.wait()
-            log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
-                        self.number, self.step)
+                if not self.ram.stopped_here(self.number, self.step, self.cadence, self.stop):
+                    self.ckpt.wait()
+                    log.warning("trial %d: stopped at step %d; checkpoint saved, it resumes on the next run",
+                                self.number, self.step)
             self.stop.check()
 
     def train_windows(self) -> None:
@@ -350,16 +362,16 @@ class _TrialRun:
         """(data argument, end) of the window that starts at step `begin`: it ends at the next
         evaluation, periodic save or last step, `fns.cap` steps at most."""
         ends = [self.total, (begin // self.eval_every + 1) * self.eval_every, begin + self.fns.cap]
-        every_steps = self.config.study.checkpoint.every_steps
-        if every_steps:
-            ends.append((begin // every_steps + 1) * every_steps)
+        for every_steps in (self.config.study.checkpoint.every_steps, self.ram.every_steps):
+            if every_steps:
+                ends.append((begin // every_steps + 1) * every_steps)
         end = min(ends)
         return (self.data, end) if self.batches is None else self.batches.window(begin, end)
 
     def _decision_at(self, step: int) -> bool:
         """Something at `step` needs the training state: the last step, an evaluation, a save, a signal."""
         return (step == self.total or step % self.eval_every == 0 or self.stop.signum is not None
-                or self.cadence.due(step))
+                or self.cadence.due(step) or self.ram.due(step))
 
     def _finish_window(self, out: Any, end: int) -> None:
         """Wait for the window [step, end); fail the trial if its training loss is not finite, naming
@@ -376,24 +388,3 @@ class _TrialRun:
         if self.events.on_step is not None:
             self.events.on_step(self.number, end)
         self.step = end
-
-
-def _metrics(metrics: Mapping[str, Any], declared: Any, told: Sequence[str], number: int,
-             step: int) -> dict[str, float]:
-    """Every declared metric (METRICS) as a float; the objectives' must be finite. Other values
-    `evaluate` returns (a confusion matrix, say) are the trial's own business."""
-    missing = [name for name in declared if name not in metrics]
-    if missing:
-        raise KeyError(f"trial {number}: evaluate returned no {', '.join(map(repr, missing))} of its METRICS "
-                       f"(it returned {sorted(metrics)})")
-    for name in declared:  # a shape that changed with the hyperparameters: say which metric, and its shape
-        shape = tuple(getattr(metrics[name], "shape", ()))
-        if math.prod(shape) != 1:
-            raise ValueError(f"trial {number}: evaluate must return a scalar for metric {name!r}, got shape {shape} "
-                             f"at step {step}")
-    values = {name: float(metrics[name]) for name in declared}
-    for metric in told:
-        if not math.isfinite(values[metric]):
-            raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "
-                                  "the trial failed")
-    return values

@@ -5,14 +5,16 @@ Loaders (export, `load_best`) build the template here without importing the trai
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from sweep.checkpoints.folder import TrialCheckpoints, WriteBudget
+from sweep.errors import NonFiniteMetric
 from sweep.study.config import Config
 from sweep.train import compile_events
 from sweep.train.compiled import FUNCTIONS, TRACE_ERRORS
@@ -178,3 +180,24 @@ def trial_checkpoints(config: Config, number: int, directory: Path, budget: Writ
     """The checkpoint folder of trial `number` with the study's retention settings."""
     return TrialCheckpoints.of_study(config, number, directory, read_only=read_only, budget=budget,
                                      optional_keys=OPTIONAL_KEYS, fence=fence, room=room, on_commit=on_commit)
+
+
+def checked_metrics(metrics: Mapping[str, Any], declared: Any, told: Sequence[str], number: int,
+             step: int) -> dict[str, float]:
+    """Every declared metric (METRICS) as a float; the objectives' must be finite. Other values
+    `evaluate` returns (a confusion matrix, say) are the trial's own business."""
+    missing = [name for name in declared if name not in metrics]
+    if missing:
+        raise KeyError(f"trial {number}: evaluate returned no {', '.join(map(repr, missing))} of its METRICS "
+                       f"(it returned {sorted(metrics)})")
+    for name in declared:  # a shape that changed with the hyperparameters: say which metric, and its shape
+        shape = tuple(getattr(metrics[name], "shape", ()))
+        if math.prod(shape) != 1:
+            raise ValueError(f"trial {number}: evaluate must return a scalar for metric {name!r}, got shape {shape} "
+                             f"at step {step}")
+    values = {name: float(metrics[name]) for name in declared}
+    for metric in told:
+        if not math.isfinite(values[metric]):
+            raise NonFiniteMetric(f"trial {number}: {metric} is {values[metric]} at step {step} (non-finite); "
+                                  "the trial failed")
+    return values
