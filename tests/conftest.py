@@ -344,10 +344,12 @@ def wait_for_file(path: Path, timeout: float = 300, proc: Running | None = None)
 
 
 def array_files(step_dir: Path) -> list[Path]:
-    """The files that hold a committed step's array bytes: a chunk file per array (`<array>/0`,
-    this release's layout) or the data files of OCDBT (`ocdbt.process_0/d/*`, releases before issue 42)."""
+    """The files that hold a committed step's array bytes: a small state's one file (`state.sweep`,
+    sweep/checkpoints/compact.py), a chunk file per array (`<array>/0`, a larger state's Orbax layout) or
+    the data files of OCDBT (`ocdbt.process_0/d/*`, releases before issue 42)."""
     return sorted(p for p in step_dir.rglob("*") if p.is_file() and (
-        p.parent.name == "d" or (p.parent.parent.name == "default" and p.name[0].isdigit())))
+        p.name == "state.sweep" or p.parent.name == "d"
+        or (p.parent.parent.name == "default" and p.name[0].isdigit())))
 
 
 def checkpoint_dir(study: Path | dict[str, Any], number: int) -> Path:

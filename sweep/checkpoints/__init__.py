@@ -1,5 +1,7 @@
 """Checkpoints: one trial's folder (the only user of Orbax), integrity, packing, reading this
-release's steps without Orbax (direct_read.py), the committed steps, the study-wide disk budget, the RAM tier in front of the local folder (ram.py), and the tiers behind it: the CheckpointTier
+release's steps without Orbax (direct_read.py), small states' one-file steps (compact.py), the
+write budget (budget.py), the committed steps, the study-wide disk budget, the RAM tier in front
+of the local folder (ram.py), and the tiers behind it: the CheckpointTier
 protocol and its registry (tiers.py), the S3 bucket (s3.py), what runs against any tier (remote.py),
 and a study's checkpoints in one process (study_checkpoints.py).
 

@@ -41,12 +41,12 @@ def _plain_chunk(meta: Mapping[str, Any], shape: tuple[int, ...], dtype: np.dtyp
     return meta.get("dimension_separator", ".").join("0" for _ in shape) or "0"
 
 
-def _arrays(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, tuple[str, ...], Any]]:
+def arrays_of(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, tuple[str, ...], Any]]:
     out = []
     for key, value in tree.items():
         name = f"{prefix}.{key}" if prefix else key
         if isinstance(value, Mapping):
-            out += [(n, (key, *path), leaf) for n, path, leaf in _arrays(value, name)]
+            out += [(n, (key, *path), leaf) for n, path, leaf in arrays_of(value, name)]
         else:
             out.append((name, (key,), value))
     return out
@@ -57,7 +57,7 @@ def read(item_dir: Path, template: Mapping[str, Any]) -> dict[str, Any] | None:
     read from Orbax's item folder `<step>/default`, or None where the step is not in this release's
     form (then Orbax reads it). Raises OSError for a missing or short file."""
     plan = []
-    for name, path, leaf in _arrays(template):
+    for name, path, leaf in arrays_of(template):
         if not isinstance(leaf, np.ndarray):
             return None  # a dtype numpy does not hold (typed PRNG keys): Orbax's
         try:
@@ -70,15 +70,24 @@ def read(item_dir: Path, template: Mapping[str, Any]) -> dict[str, Any] | None:
         plan.append((item_dir / name / chunk, path, leaf))
     out: dict[str, Any] = {}
     for file, path, leaf in plan:
-        array = _aligned(leaf.shape, leaf.dtype)
-        view, got = memoryview(array.reshape(-1).view(np.uint8)), 0
         with open(file, "rb", buffering=0) as f:
-            while got < len(view) and (n := f.readinto(view[got:])):  # one read() stops short of 2 GiB
-                got += n
-            if got != len(view) or f.read(1):
-                raise OSError(f"{file}: not the {count(len(view), 'byte')} its array was written with")
+            array = read_exactly(f, leaf.shape, leaf.dtype, file)
+            if f.read(1):
+                raise OSError(f"{file}: longer than the {count(array.nbytes, 'byte')} its array was written with")
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = array
     return out
+
+
+def read_exactly(f: Any, shape: tuple[int, ...], dtype: np.dtype, file: Path) -> np.ndarray:
+    """An array of `shape` and `dtype` read from the open file `f` at its position into a 64-byte
+    aligned buffer; OSError where the file ends first."""
+    array = _aligned(shape, dtype)
+    view, got = memoryview(array.reshape(-1).view(np.uint8)), 0
+    while got < len(view) and (n := f.readinto(view[got:])):  # one read() stops short of 2 GiB
+        got += n
+    if got != len(view):
+        raise OSError(f"{file}: shorter than the {count(len(view), 'byte')} its array was written with")
+    return array

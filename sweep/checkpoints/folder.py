@@ -1,8 +1,8 @@
 """One trial's checkpoint folder: the only module that imports orbax.
 
-Saves copy the training state to host memory on the caller's thread and let
-Orbax write it on a background thread (at most one save in flight), so
-training continues while the bytes go to disk.
+Saves copy the training state to host memory on the caller's thread and write it on a
+background thread (at most one save in flight), so training continues while the bytes go to
+disk: a small state as one file (compact.py), a larger one by Orbax.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from sweep.checkpoints import direct_read, integrity, packing
+from sweep.checkpoints import compact, direct_read, integrity, packing, steps
+from sweep.checkpoints.budget import WriteBudget  # noqa: F401 (re-exported: its users import it from here)
 from sweep.checkpoints import ram as ram_lib
 from sweep.checkpoints.steps import step_dirs as _step_dirs
 from sweep.errors import DiskFault, disk_errno
@@ -47,20 +48,8 @@ def _absl_quiet(quiet: bool) -> Iterator[None]:
 
 
 def _uncompressed() -> Any:
-    """Orbax's standard handler as sweep tunes it (sweep/internals.py; benchmarks/big_state.py measured each):
-
-    - no zstd compression: on a trained 100 MB state it saved 8% of the disk for 45% more save
-      time and twice the restore time (on the same cores as training);
-    - no OCDBT: packing (sweep/checkpoints/packing.py) already leaves Orbax a few arrays per state,
-      where OCDBT's one-file-per-step costs more than it saves (its writes went ~3x slower at 1 GB);
-    - no copy of host arrays: Orbax copies every numpy array it is given (a guard against the
-      caller changing it mid-write: orbax#1640's 14 GB for a 4 GB array); the tree sweep hands it
-      is a private host copy already, never changed after;
-    - one chunk per array (Orbax's default without OCDBT): tensorstore writes it from the host
-      copy's own buffer, where chunks that split an array's inner axis were copied first (peak
-      memory 1.30x the state above it with 64 MiB chunks, 1.00x unchunked, at 1 GB).
-    Compressed and OCDBT steps of earlier releases still restore (each step records its format).
-    """
+    """Orbax's standard handler as sweep tunes it: no zstd, no OCDBT, no copy of host arrays, one
+    chunk per array (sweep/internals.py says why; benchmarks/big_state.py measured each)."""
     from sweep.internals import uncompressed_standard_handler
 
     return uncompressed_standard_handler(use_ocdbt=False, copy_host_arrays=False)
@@ -81,27 +70,6 @@ class DamagedCheckpoint(Exception):
 def host_copy(state: Any) -> Any:
     """A private numpy copy of a pytree of arrays (donated device buffers may be reused)."""
     return jax.tree.map(lambda x: np.array(x, copy=True), state)
-
-
-class WriteBudget:
-    """What the newest checkpoint write cost and when it ended, for every trial of a session.
-
-    A write costs the longer of its wall time and the CPU time its threads took (sweep/host/cpu_time.py:
-    the writer's hashing and copies, tensorstore's pool, Orbax's threads compete with training for
-    the cores). The share of time spent writing (see `TrialCheckpoints.busy`) is the process's,
-    not a trial's: trials one after the other share one budget.
-    """
-
-    def __init__(self) -> None:
-        self.last_write = (0.0, 0.0)  # (seconds charged, monotonic end)
-
-    def record(self, seconds: float) -> None:
-        self.last_write = (seconds, time.monotonic())
-
-    def rested(self, share: float) -> bool:
-        """The writer has rested long enough for writing to take at most `share` of the time."""
-        took, ended = self.last_write
-        return time.monotonic() - ended >= took * (1 / share - 1)
 
 
 class TrialCheckpoints:
@@ -131,32 +99,24 @@ class TrialCheckpoints:
         if keep_best:
             keep.append(policies.BestN(get_metric_fn=best_fn, reverse=direction == "minimize", n=keep_best,
                                        keep_checkpoints_without_metrics=False))
-        # Orbax warns that a read-only manager gets save_interval_steps=0, from the options and from
-        # the manager: not a message for the user of a reader (export, load_best).
-        with _absl_quiet(read_only):
-            options = ocp.CheckpointManagerOptions(
-                preservation_policy=policies.AnyPreservationPolicy(keep),
-                best_fn=best_fn,
-                best_mode="min" if direction == "minimize" else "max",
-                keep_checkpoints_without_metrics=False,
-                # Our own background thread writes host copies; Orbax's async mode would block the
-                # training thread longer (it serialises device arrays before returning).
-                enable_async_checkpointing=False,
-                cleanup_tmp_directories=not read_only,  # a kill -9 mid-save leaves <step>.orbax-checkpoint-tmp
-                create=not read_only,
-                read_only=read_only,
-            )
+        self._keep = policies.AnyPreservationPolicy(keep)
+        self._best = (best_fn, "min" if direction == "minimize" else "max")
+        self.read_only = read_only
+        self._lock = threading.Lock()
+        self._manager: Any = None  # Orbax's, made when a step in its layout is written or read (`_orbax`)
+        if not read_only:
             try:
-                self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=_handlers())
-            except Exception as exc:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
                 self._raise_disk_fault(exc, None)
                 raise
+            self._remove_partials()  # a kill -9 mid-save leaves <step>.orbax-checkpoint-tmp or .<step>.compact
         self._faulted = False  # a disk fault cut a save short: close() removes its partial step again
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweep-ckpt")
         self._pending: Future[None] | None = None
         self._writing: int | None = None  # the step the writer is on
         self.written_seconds = 0.0  # the writer thread's time on this folder's saves (the goodput ledger)
-        self.last_saved: int | None = self._manager.latest_step()
+        self.last_saved: int | None = steps.newest_step(self.directory)
         # A PBT member's latest exploit step (sweep/schedulers/pbt.py): its steps below it are another lineage,
         # never resumed from; with none intact at or above it the trial fails, loudly.
         self.restore_floor = 0
@@ -170,14 +130,41 @@ class TrialCheckpoints:
         return cls(directory, objective.metric, objective.direction, c.keep_last, c.keep_best,
                    label=f"trial {number}", **options)
 
+    def _orbax(self) -> Any:
+        """Orbax's manager of this folder, made on first use: small states never need it (compact.py)."""
+        with self._lock:
+            if self._manager is None:
+                # Orbax warns that a read-only manager gets save_interval_steps=0, and of compact steps'
+                # missing metadata: not messages for a user.
+                with _absl_quiet(True):
+                    options = ocp.CheckpointManagerOptions(
+                        preservation_policy=self._keep, best_fn=self._best[0], best_mode=self._best[1],
+                        keep_checkpoints_without_metrics=False,
+                        # Our own background thread writes host copies; Orbax's async mode would block the
+                        # training thread longer (it serialises device arrays before returning).
+                        enable_async_checkpointing=False,
+                        cleanup_tmp_directories=False,  # the constructor removed them (`_remove_partials`)
+                        create=False, read_only=self.read_only)
+                    try:
+                        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                              handler_registry=_handlers())
+                    except Exception as exc:
+                        self._raise_disk_fault(exc, None)
+                        raise
+            return self._manager
+
+    def _reload(self) -> None:
+        if self._manager is not None:
+            self._manager.reload()
+
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        return steps.newest_step(self.directory)
 
     def _quarantine_unreadable(self) -> None:
         # Orbax's manager reads every step's metrics when it is constructed (for best_fn), so one
         # corrupt JSON file would make the constructor raise before any restore is tried.
         for entry in _step_dirs(self.directory):
-            reason = integrity.readable_metadata(Path(entry.path))
+            reason = integrity.readable_metadata(Path(entry.path)) or compact.unreadable(Path(entry.path))
             if reason is None and integrity.read_checksum(self.directory, int(entry.name)) is None:
                 reason = "no checksum recorded"
             if reason:
@@ -205,13 +192,17 @@ class TrialCheckpoints:
         for tree in trees:
             for packed in (True, False):  # the layout this release writes first
                 try:
+                    step_dir = self.directory / str(step)
                     if packed:
                         host = packing.packed_template(tree, host=True)
-                        read = direct_read.read(self.directory / str(step) / "default", host)
+                        read = compact.read(step_dir, host)
+                        if read is None:
+                            read = direct_read.read(step_dir / "default", host)
                         if read is None:  # a step of an earlier release: Orbax reads it
-                            read = self._manager.restore(step, args=ocp.args.StandardRestore(host))
+                            read = self._orbax().restore(step, args=ocp.args.StandardRestore(host))
                         return packing.unpack(read, tree), tree
-                    return self._manager.restore(step, args=ocp.args.StandardRestore(tree)), None
+                    if not compact.is_compact(step_dir):
+                        return self._orbax().restore(step, args=ocp.args.StandardRestore(tree)), None
                 except Exception as exc:
                     first = first or exc
         assert first is not None
@@ -247,17 +238,17 @@ class TrialCheckpoints:
         recomputes it bit-identically). Damaged steps are quarantined. (None, template) if none.
         """
         limit = None
-        for step in sorted(self._manager.all_steps(), reverse=True):
+        for step in sorted(steps.kept_steps(self.directory), reverse=True):
             if (limit is not None and step >= limit) or step < self.restore_floor:
                 continue
             state = self._verified(step, template)
             if state is None:
-                self._manager.reload()
+                self._reload()
                 continue
             best = best_before(step)
-            if best is not None and best != step and (best not in self._manager.all_steps()
+            if best is not None and best != step and (best not in steps.kept_steps(self.directory)
                                                       or self._verified(best, template) is None):
-                self._manager.reload()
+                self._reload()
                 limit = best
                 continue
             return step, state
@@ -319,8 +310,15 @@ class TrialCheckpoints:
         others running, and tensorstore creates a file's parent folders as it writes. So a folder
         removed here can come back; `close()` removes them again once Orbax's manager is closed.
         """
-        for partial in self.directory.glob("*.orbax-checkpoint-tmp*"):
-            shutil.rmtree(partial, ignore_errors=True)
+        for pattern in ("*.orbax-checkpoint-tmp*", ".*.compact", ".*.removing"):
+            for partial in self.directory.glob(pattern):
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def _retain(self) -> None:
+        """Orbax's preservation policies (latest N, best N) over the folder's steps, after a compact
+        step commits (Orbax's manager applies them to the steps it saves itself)."""
+        context = policies.PreservationContext()
+        compact.retain(self.directory, lambda infos: self._keep.should_preserve(infos, context=context))
 
     def _write_items(self, items: list[tuple[int, Any, dict[str, float] | None]]) -> None:
         for step, state, metrics in items:
@@ -331,9 +329,15 @@ class TrialCheckpoints:
                 self.room(step, sum(np.asarray(x).nbytes for x in jax.tree.leaves(state)))
             # The checksum is durable before the step exists, so a committed step always has one.
             integrity.write_checksum(self.directory, step, integrity.checksum(state, self.checksum_algorithm))
-            self._manager.save(step, args=ocp.args.StandardSave(packing.pack(state)), metrics=metrics, force=True)
-            self._manager.wait_until_finished()
-            integrity.make_durable(self.directory / str(step))
+            packed = packing.pack(state)
+            if compact.fits(packed):
+                integrity.install_step(self.directory, step, lambda tmp: compact.write(tmp, packed, metrics), "compact")
+                self._retain()
+            else:
+                manager = self._orbax()
+                manager.save(step, args=ocp.args.StandardSave(packed), metrics=metrics, force=True)
+                manager.wait_until_finished()
+                integrity.make_durable(self.directory / str(step))
             log.debug("%s: step %d saved (%s)", self.label, step, self.directory / str(step))  # --verbose
         self._drop_stale_checksums()
         if self.on_commit is not None:
@@ -380,7 +384,8 @@ class TrialCheckpoints:
     def _close_own(self) -> None:
         self._executor.shutdown(wait=True)
         try:
-            self._manager.close()
+            if self._manager is not None:
+                self._manager.close()
         except Exception as exc:
             if disk_errno(exc) is None:
                 raise
@@ -389,4 +394,4 @@ class TrialCheckpoints:
                 self._remove_partials()
 
     def all_steps(self) -> list[int]:
-        return list(self._manager.all_steps())
+        return steps.kept_steps(self.directory)

@@ -125,14 +125,16 @@ def make_durable(step_dir: Path) -> None:
 
 
 def install_step(directory: Path, step: int, fill: Callable[[Path], None], what: str) -> None:
-    """Commit step `step` into trial folder `directory` from elsewhere (a download, a copy), as a
+    """Commit step `step` into trial folder `directory` (a compact save, a download, a copy) as a
     save commits: its checksum must be in place already; `fill(tmp)` writes the step's files into
-    a dot-folder (`.<step>.<what>`, removed first if a kill left one), made durable, then renamed."""
+    a dot-folder (`.<step>.<what>`, removed first if a kill left one), made durable, then renamed
+    (and the rename made durable)."""
     tmp = directory / f".{step}.{what}"
     shutil.rmtree(tmp, ignore_errors=True)
     fill(tmp)
     make_durable(tmp)
     os.rename(tmp, directory / str(step))
+    _fsync(directory)  # the rename itself
 
 
 def readable_metadata(step_dir: Path) -> str | None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.checkpoints import integrity
+from sweep.checkpoints import compact, integrity
 from sweep.errors import CheckpointsRemoved, DiskFault
 from sweep.store.record import BEST_STEP, checkpoint_folder
 from sweep.store.session import Session
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("sweep")
 REMOVED_ATTR = "checkpoints_removed:"  # + trial number: why its checkpoints were removed (study attr)
 _DOOMED = ".removing"  # suffix of a folder renamed for deletion
-# Orbax's ~30 small files and folders beside a step's array bytes, as allocated on disk (4 KB
-# blocks): the estimate of a trial's first step; later steps are estimated by the newest one.
-FIRST_STEP_OVERHEAD_BYTES = 128 << 10
+# A trial's first step beyond its state's bytes, as allocated on disk (4 KB blocks): Orbax's ~30 small
+# files and folders, or a small state's one file (compact.py); later steps are estimated by the newest one.
+FIRST_STEP_OVERHEAD_BYTES, COMPACT_OVERHEAD_BYTES = 128 << 10, 16 << 10
 
 
 @contextlib.contextmanager
@@ -379,7 +379,8 @@ def make_room(session: Session, remote: RemoteTier | None, number: int, step: in
     if cap is None:
         return
     newest = newest_step(folder)
-    needed = folder_bytes(folder / str(newest)) if newest is not None else needed + FIRST_STEP_OVERHEAD_BYTES
+    needed = folder_bytes(folder / str(newest)) if newest is not None else needed + (
+        COMPACT_OVERHEAD_BYTES if needed <= compact.SMALL_STATE_BYTES else FIRST_STEP_OVERHEAD_BYTES)
     try:
         used = enforce(session, remote, needed)
     except Exception as exc:  # noqa: BLE001 - removing other trials' steps failed: not this trial's fault

@@ -1,6 +1,7 @@
 """Checksums of saved steps: the algorithm this release records (xxh3-128) and sha256, the one of
 earlier releases, both verified; every kind of damage detected with either. Steps "as the previous
-release wrote them" are OCDBT steps with a sha256 sidecar (this release writes neither)."""
+release wrote them" are OCDBT steps with a sha256 sidecar (this release writes neither); this release
+writes a small state as one file (sweep/checkpoints/compact.py), a larger one in Orbax's layout."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import array_files
-from sweep.checkpoints import folder, integrity
+from sweep.checkpoints import compact, folder, integrity
 from sweep.checkpoints.folder import DamagedCheckpoint, TrialCheckpoints
 from sweep.internals import uncompressed_standard_handler
 
@@ -36,11 +37,18 @@ def _sha256_as_released(state: dict) -> str:
     return h.hexdigest()
 
 
-def _saved(directory: Path, algorithm: str, steps=(100, 200)) -> None:
-    """Steps saved by this release, or with "sha256" as the previous release saved them (OCDBT, sha256)."""
-    handler = folder._uncompressed
-    if algorithm == "sha256":
+LAYOUTS = {"compact": "xxh3_128", "orbax": "xxh3_128", "sha256": "sha256"}  # layout -> the algorithm it records
+
+
+def _saved(directory: Path, layout: str, steps=(100, 200)) -> None:
+    """Steps saved by this release (`compact`: this state's size; `orbax`: the layout of a state past
+    compact.SMALL_STATE_BYTES), or as the previous release saved them (`sha256`: OCDBT, sha256)."""
+    algorithm = LAYOUTS[layout]
+    handler, small = folder._uncompressed, compact.SMALL_STATE_BYTES
+    if layout == "sha256":
         folder._uncompressed = lambda: uncompressed_standard_handler(use_ocdbt=True, copy_host_arrays=True)
+    if layout != "compact":
+        compact.SMALL_STATE_BYTES = 0
     try:
         ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=3, keep_best=0)
         ckpt.checksum_algorithm = algorithm
@@ -48,9 +56,10 @@ def _saved(directory: Path, algorithm: str, steps=(100, 200)) -> None:
             ckpt.save((step, _state(step), {"val_loss": 1.0 / step}))
         ckpt.close()
     finally:
-        folder._uncompressed = handler
+        folder._uncompressed, compact.SMALL_STATE_BYTES = handler, small
     for step in steps:
-        assert (directory / str(step) / "default" / "manifest.ocdbt").exists() == (algorithm == "sha256")
+        assert (directory / str(step) / "default" / "manifest.ocdbt").exists() == (layout == "sha256")
+        assert compact.is_compact(directory / str(step)) == (layout == "compact")
 
 
 def _flip(step_dir: Path) -> None:
@@ -74,7 +83,7 @@ def _remove_the_checksum(step_dir: Path) -> None:
 
 
 def test_a_save_records_xxh3_128_beside_its_digest(tmp_path):
-    _saved(tmp_path / "t", integrity.ALGORITHM, steps=(100,))
+    _saved(tmp_path / "t", "compact", steps=(100,))
     record = json.loads(integrity.checksum_file(tmp_path / "t", 100).read_text())
     assert set(record) == {"step", "xxh3_128"} and len(record["xxh3_128"]) == 32
     recorded = integrity.read_checksum(tmp_path / "t", 100)
@@ -105,20 +114,20 @@ def test_a_step_written_with_sha256_as_the_previous_release_did_restores_and_ver
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> dict[str, Path]:
-    """Steps 100 and 200 saved with each algorithm, written once; each test damages a copy."""
+    """Steps 100 and 200 saved in each layout, written once; each test damages a copy."""
     out = {}
-    for algorithm in ("xxh3_128", "sha256"):
-        out[algorithm] = tmp_path_factory.mktemp(algorithm) / "t"
-        _saved(out[algorithm], algorithm)
+    for layout in LAYOUTS:
+        out[layout] = tmp_path_factory.mktemp(layout) / "t"
+        _saved(out[layout], layout)
     return out
 
 
-@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("damage", [_flip, _truncate, _remove_a_data_file, _remove_the_checksum])
-def test_every_damaged_step_is_detected_and_resume_falls_back(tmp_path, written, algorithm, damage):
+def test_every_damaged_step_is_detected_and_resume_falls_back(tmp_path, written, layout, damage):
     directory = tmp_path / "t"
-    shutil.copytree(written[algorithm], directory)
-    shutil.copytree(integrity.sums_dir(written[algorithm]), integrity.sums_dir(directory))
+    shutil.copytree(written[layout], directory)
+    shutil.copytree(integrity.sums_dir(written[layout]), integrity.sums_dir(directory))
     damage(directory / "200")
     if damage is not _remove_the_checksum:
         ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=3, keep_best=0, read_only=True)
@@ -149,7 +158,7 @@ def test_this_release_s_steps_are_read_from_their_files_and_earlier_ones_by_orba
     from sweep.checkpoints import direct_read, packing
 
     host = packing.packed_template(_state(0), host=True)
-    read = direct_read.read(written["xxh3_128"] / "200" / "default", host)
+    read = direct_read.read(written["orbax"] / "200" / "default", host)
     assert read is not None and jax.tree.structure(read) == jax.tree.structure(host)
     assert all(a.ctypes.data % direct_read.ALIGN == 0 for a in jax.tree.leaves(read))
     assert jax.tree.all(jax.tree.map(np.array_equal, packing.unpack(read, _state(0)), _state(200)))
