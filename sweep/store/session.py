@@ -269,16 +269,23 @@ class Session:
         (whenever it changed), as study user attributes; refuse a changed file."""
         self.check_unchanged()
         attrs = self.storage.get_study_user_attrs(self.study_id)
-        if fingerprint.STUDY_ATTR not in attrs:
-            self.set_study_attr(fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
+        if fingerprint.STUDY_ATTR not in attrs or REMOTE_ROOT_ATTR not in attrs:
+            # Written once, by the first worker: under the ask lock, read again. Optuna's attribute
+            # write is an upsert, so two workers starting at once would each write theirs, and one
+            # would go on with a bucket folder the study no longer names (its steps never found by
+            # a takeover: found by test_clusters on a loaded CI machine).
+            with self.claims.ask_lock():
+                attrs = self.storage.get_study_user_attrs(self.study_id)
+                if fingerprint.STUDY_ATTR not in attrs:
+                    self.set_study_attr(fingerprint.STUDY_ATTR, fingerprint.meaning(self.config))
+                if REMOTE_ROOT_ATTR not in attrs:  # the study's folder in a bucket, should it ever use one
+                    import uuid
+
+                    self.set_study_attr(REMOTE_ROOT_ATTR, f"{self.config.name}-{uuid.uuid4().hex[:12]}")
             self.check_unchanged()  # another worker may have stored its file first
         code = fingerprint.code(self.config)
         if attrs.get(fingerprint.CODE_ATTR) != code:
             self.set_study_attr(fingerprint.CODE_ATTR, code)
-        if REMOTE_ROOT_ATTR not in attrs:  # the study's folder in a bucket, should it ever use one
-            import uuid
-
-            self.set_study_attr(REMOTE_ROOT_ATTR, f"{self.config.name}-{uuid.uuid4().hex[:12]}")
 
     def study_attrs(self) -> dict[str, Any]:
         """The study's user attributes, read now from the storage."""

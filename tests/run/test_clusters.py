@@ -39,9 +39,10 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
 
     # Node 0 is held at its 9th evaluation (step 9000), after its steps 4000 and 8000 (tests/trials/
     # gated.py): it cannot finish the trial before a step is in the bucket, however slow the uploads
-    # (a niced thread) on a loaded machine; node 1, started elsewhere, is never held. (Held at step
-    # 5000, right after its first save, its first upload did not arrive in 300 s in one full run of
-    # four: the cause is not found yet; here the first upload starts 5000 steps before the hold.)
+    # (a niced thread) on a loaded machine; node 1, started elsewhere, is never held. (Two nodes
+    # starting at once each wrote a bucket folder of their own into the study, and one uploaded where
+    # the study no longer pointed: an upload "never arrived", a takeover found no step. The folder is
+    # written once, under the ask lock: tests/store/test_claims.py holds it.)
     write_trial(nodes[0], "gated_digits", "gated", AT=9)
     held(nodes[0] / "hold")
     write_trial(nodes[1], "gated_digits", "gated", AT=9)  # the same code on every node

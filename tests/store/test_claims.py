@@ -142,3 +142,38 @@ def test_hosts_creating_the_claims_table_at_once_on_a_fresh_postgres_database_al
                     e.dispose()
     finally:
         admin.dispose()
+
+
+def test_workers_starting_at_once_agree_on_the_study_s_bucket_folder(write_study, monkeypatch):
+    """Two workers that both read the study's attributes before either wrote them: the second one
+    to write keeps the first one's bucket folder (Optuna's attribute write is an upsert: without the
+    ask lock it replaced it, and the first worker's steps were never found by a takeover)."""
+    from sweep.store.session import REMOTE_ROOT_ATTR, Session
+    from sweep.study import config as config_lib
+
+    path = write_study()
+    first, second = Session(config_lib.load(path)), Session(config_lib.load(path))
+    try:
+        second.open(create=True)
+        first.open(create=True)
+        read, check, seen, checked = second.storage.get_study_user_attrs, second.check_unchanged, [], []
+
+        def read_then_the_other_starts(study_id: int):
+            attrs = read(study_id)
+            if checked and not seen:  # the first worker writes between this read and this worker's writes
+                first.record_fingerprint()
+                seen.append(first.study_attrs()[REMOTE_ROOT_ATTR])
+            return attrs
+
+        def checked_first() -> None:  # the race is at the read after the study file's check
+            check()
+            checked.append(True)
+
+        monkeypatch.setattr(second, "check_unchanged", checked_first)
+        monkeypatch.setattr(second.storage, "get_study_user_attrs", read_then_the_other_starts)
+        second.record_fingerprint()
+        assert second.study_attrs()[REMOTE_ROOT_ATTR] == seen[0]
+        assert first.study_attrs()[REMOTE_ROOT_ATTR] == seen[0]
+    finally:
+        first.close()
+        second.close()
