@@ -9,9 +9,13 @@ state, its checksum file, Orbax's save and wait, sweep's fsyncs of the committed
 retention bookkeeping), and the training thread's blocking time (host copy + hand-off) is
 measured apart. Targets: save <= 10x hand, blocking <= 2 ms.
 
-    python benchmarks/save_fixed_cost.py [--rounds 30] [--hidden 32] [--depth D] [--profile]
+Such a state is saved as one file a step (sweep/checkpoints/compact.py, issue 42 item 7);
+`--layout orbax` saves it in Orbax's layout instead, as a state past 16 MiB is saved (the
+phases then are Orbax's save and wait, and sweep's fsyncs of its step).
 
---profile: then 10 more saves under cProfile, and the Orbax calls that take their time.
+    python benchmarks/save_fixed_cost.py [--rounds 30] [--hidden 32] [--depth D] [--layout orbax] [--profile]
+
+--profile (with --layout orbax): then 10 more saves under cProfile, and the Orbax calls that take their time.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ import harness
 import jax
 import numpy as np
 
+from sweep.checkpoints import compact, integrity
 from sweep.checkpoints import folder as checkpoints
-from sweep.checkpoints import integrity
 from sweep.checkpoints.folder import host_copy
 from sweep.train.state import initial_state, trial_checkpoints
 
@@ -55,9 +59,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--depth", type=int, default=None, help="hidden layers (--hidden 2048 --depth 3: ~100 MB)")
+    ap.add_argument("--layout", choices=["compact", "orbax"], default="compact")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     harness.quiet()
+    if args.layout == "orbax":
+        compact.SMALL_STATE_BYTES = 0
     with tempfile.TemporaryDirectory() as tmp:
         config = harness.example(Path(tmp))
         hp = config.hyperparameters({"learning_rate": 0.01, "hidden": args.hidden, "optimizer": "adam",
@@ -106,13 +113,18 @@ def main() -> None:
                                   ("sweep's fsyncs of the committed step", integrity, "make_durable"),
                                   ("packing small arrays", checkpoints.packing, "pack")):
             timed_phase(name, owner, attr)
-        manager = ckpt._manager
-        timed_phase("Orbax save (CheckpointManager.save)", manager, "save")
-        timed_phase("Orbax wait_until_finished", manager, "wait_until_finished")
+        if args.layout == "orbax":
+            manager = ckpt._orbax()
+            timed_phase("Orbax save (CheckpointManager.save)", manager, "save")
+            timed_phase("Orbax wait_until_finished", manager, "wait_until_finished")
+        else:
+            timed_phase("one file written (compact.write)", compact, "write")
+            timed_phase("install_step in all (write+fsyncs+rename)", integrity, "install_step")
+            timed_phase("retention (Orbax's policy)", ckpt, "_retain")
         timed_phase("stale checksum cleanup", ckpt, "_drop_stale_checksums")
         times = harness.alternate({"save": save, "hand": hand}, args.rounds)
         phases = {name: statistics.median(values) for name, values in PHASES.items()}  # before any profiling
-        if args.profile:
+        if args.profile and args.layout == "orbax":
             import cProfile
             import pstats
 
@@ -127,7 +139,7 @@ def main() -> None:
                 manager.wait_until_finished()
             profile.disable()
         ckpt.close()
-    print(f"state: {size / 1e3:.1f} KB in {len(leaves)} arrays; {args.rounds} rounds each, ABBA")
+    print(f"state: {size / 1e3:.1f} KB in {len(leaves)} arrays, {args.layout} layout; {args.rounds} rounds each, ABBA")
     harness.report("save of a small state (writer wall, waited)", "save", "hand", times, "<= 10")
     print(f"blocking (host copy + hand-off on the training thread): median {statistics.median(blocking) * 1e3:.2f} ms "
           "(target <= 2 ms)")
@@ -135,7 +147,7 @@ def main() -> None:
     print("where a save's time goes (median per save):")
     for name, med in phases.items():
         print(f"  {name:40s} {med * 1e3:7.2f} ms  {med / total:6.1%}")
-    if args.profile:
+    if args.profile and args.layout == "orbax":
         print("Orbax's CheckpointManager.save under cProfile, 10 saves (cumulative per save, its own wall "
               "time inflated by the profiler):")
         stats = pstats.Stats(profile)
