@@ -424,10 +424,23 @@ def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, en
     return kills
 
 
+def optuna_storage(url: str) -> Any:
+    """What a user passes to optuna.load_study for a study file's `storage`: the URL itself, or
+    Optuna's JournalStorage for a journal (journal://PATH, redis://...)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
+
+    if url.startswith("journal://"):
+        return JournalStorage(JournalFileBackend(url[len("journal://"):]))
+    if url.startswith("redis://"):
+        return JournalStorage(JournalRedisBackend(url))
+    return url
+
+
 def study_of(study_file: Path) -> optuna.Study:
     data = yaml.safe_load(study_file.read_text())
     storage = data.get("storage") or f"sqlite:///{data['workdir']}/study.db"
-    return optuna.load_study(study_name=data["name"], storage=storage)
+    return optuna.load_study(study_name=data["name"], storage=optuna_storage(storage))
 
 
 def snapshot(study: Path | dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -503,6 +516,26 @@ def postgres_url() -> Any:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+REDIS_URL = os.environ.get("SWEEP_TEST_REDIS", "redis://localhost:6379")
+
+
+@pytest.fixture
+def redis_url() -> Any:
+    """An empty database of the local Redis server (.ci/run makes sure one runs) for one test's
+    journal: 12 + the xdist worker's index (the suite runs two), flushed before and after."""
+    import redis
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    url = f"{REDIS_URL}/{12 + int(worker[2:] or 0)}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
 
 
 # --- The in-process tiny study: the fast tier's trial, run by `worker.run` in this process ---

@@ -19,7 +19,6 @@ from sweep.checkpoints import ram as ram_lib
 from sweep.checkpoints.remote import remote_steps
 from sweep.checkpoints.steps import newest_step
 from sweep.errors import UsageError
-from sweep.store import rdb
 from sweep.store.record import CHECKPOINT_DIR, ERROR, EVAL_ATTR_PREFIX, FAILURES, RETRIED
 from sweep.store.session import Session
 from sweep.study.config import Config
@@ -69,8 +68,7 @@ def reopen(session: Session, numbers: list[int] | None = None, from_scratch: boo
                                   default=None),
                  "from_step": step or 0}
         # max_retries applies to the retry afresh; the record and the state change in one transaction
-        if not rdb.reopen_failed(session.storage.engine, session.study_id, n, step,
-                                 {RETRIED: [*attrs.get(RETRIED, []), entry], FAILURES: 0}):
+        if not session.reopen_failed(n, step, {RETRIED: [*attrs.get(RETRIED, []), entry], FAILURES: 0}):
             continue  # another process retried it meanwhile
         error = (str(attrs.get(ERROR) or "an error").splitlines() or [""])[0]
         log.info("trial %d: retried from %s (it failed with %s)", n,

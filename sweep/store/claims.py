@@ -173,8 +173,8 @@ class Claims:
         keys = {self.key(n): n for n in numbers}
         return {keys[k] for k in self.live_owners(keys)}
 
-    def ask_lock(self, poll_s: float = 0.05) -> "_AskLock":
-        return _AskLock(self, f"ask:{self.study_id}", poll_s)
+    def ask_lock(self, poll_s: float = 0.05) -> "AskLock":
+        return AskLock(self, f"ask:{self.study_id}", poll_s)
 
     def live_owners(self, keys: Iterable[str]) -> dict[str, str]:
         """key -> owner for the keys whose owner is alive."""
@@ -223,7 +223,7 @@ def trial_key(study_id: int, number: int) -> str:
     return f"trial:{study_id}:{number}"
 
 
-class _AskLock:
+class AskLock:
     def __init__(self, claims: Claims, key: str, poll_s: float) -> None:
         self.claims, self.key, self.poll_s = claims, key, poll_s
 

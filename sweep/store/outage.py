@@ -36,6 +36,9 @@ _OUTAGE_MARKERS = (
 )  # not psycopg's generic "connection failed:" prefix: a wrong password or database name is not an outage
 
 
+_REDIS_OUTAGES = ("ConnectionError", "TimeoutError", "BusyLoadingError")
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether `exc` (or what it wraps) says the database is unreachable rather than the call wrong."""
     from sqlalchemy import exc as sa_exc
@@ -46,6 +49,8 @@ def is_outage(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
             return True
+        if type(current).__module__.startswith("redis") and type(current).__name__ in _REDIS_OUTAGES:
+            return True  # a journal's Redis server away, restarting or loading its data
         if isinstance(current, (sa_exc.OperationalError, sa_exc.InterfaceError, ConnectionError)) or \
                 type(current).__name__ in ("OperationalError", "InterfaceError", "StorageInternalError"):
             if any(m in str(current).lower() for m in _OUTAGE_MARKERS):
@@ -64,7 +69,7 @@ def storage_fault(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, (StorageInternalError, SQLAlchemyError)):
+        if isinstance(current, (StorageInternalError, SQLAlchemyError)) or type(current).__module__.startswith("redis"):
             return True
         current = current.__cause__ or current.__context__
     return is_outage(exc)
@@ -128,7 +133,7 @@ def _already_done(fn: Callable[..., Any], exc: BaseException) -> bool:
     return isinstance(exc, UpdateFinishedTrialError) and getattr(fn, "__name__", "") == "set_trial_state_values"
 
 
-# The RDB storage's calls that sweep (directly, or through optuna.Study / optuna.Trial) makes.
+# The storage's calls that sweep (directly, or through optuna.Study / optuna.Trial) makes.
 RETRIED = (
     "create_new_study", "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
     "get_study_user_attrs", "get_study_system_attrs", "set_study_user_attr", "set_study_system_attr",
@@ -140,8 +145,8 @@ RETRIED = (
 
 
 def retrying_storage_class(base: type) -> type:
-    """A subclass of Optuna's RDBStorage whose calls in RETRIED ride out outages (`outages`
-    attribute, set after construction)."""
+    """A subclass of Optuna's storage `base` (RDBStorage, JournalStorage) whose calls in RETRIED
+    ride out outages (`outages` attribute, set after construction)."""
 
     def wrap(name: str) -> Callable[..., Any]:
         method = getattr(base, name)
@@ -157,4 +162,4 @@ def retrying_storage_class(base: type) -> type:
 
         return call
 
-    return type("RetryingRDBStorage", (base,), {name: wrap(name) for name in RETRIED if hasattr(base, name)})
+    return type(f"Retrying{base.__name__}", (base,), {name: wrap(name) for name in RETRIED if hasattr(base, name)})

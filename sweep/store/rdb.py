@@ -372,3 +372,52 @@ def reopen_failed(engine: Any, study_id: int, number: int, keep_through: int | N
         conn.execute(user.insert(), [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
                                      for k, v in attrs.items()])
     return True
+
+
+class RDB:
+    """The storage contract (backend.py) for Optuna's RDBStorage: any SQLAlchemy URL."""
+
+    kind = "database"
+
+    def initialised(self, config: Config) -> bool:
+        return initialised(config)
+
+    def open(self, config: Config, create: bool) -> optuna.storages.RDBStorage:
+        return open_storage(config, create)
+
+    def prepare(self, storage: Any) -> None:
+        from sweep.store.claims import Claims
+
+        Claims.create_table(storage.engine)
+
+    def claims(self, storage: Any, study_id: int, grace: float) -> Any:
+        from sweep.store.claims import Claims
+
+        return Claims(storage.engine, study_id, grace, outages=storage.outages)
+
+    def has_claims(self, storage: Any) -> bool:
+        return has_claims(storage.engine)
+
+    def close(self, storage: Any) -> None:
+        storage.engine.dispose()
+
+    def trial_states(self, storage: Any, study_id: int, warm_key: str) -> list[tuple[int, Any]]:
+        return trial_states(storage.engine, study_id, warm_key)
+
+    def count_trials(self, storage: Any, study_id: int) -> int:
+        return count_trials(storage.engine, study_id)
+
+    def user_attr_values(self, storage: Any, study_id: int, keys: Sequence[str],
+                         warm_key: str) -> dict[int, dict[str, Any]]:
+        return user_attr_values(storage.engine, study_id, keys, warm_key)
+
+    def read_trials(self, storage: Any, study_id: int, states: Sequence[Any] | None, prefix: str,
+                    record: tuple[str, ...]) -> list[FrozenTrial]:
+        return read_trials(storage.engine, study_id, states, prefix, record)
+
+    def study_system_attrs(self, storage: Any, study_id: int, prefix: str) -> dict[str, Any]:
+        return study_system_attrs(storage.engine, study_id, prefix)
+
+    def reopen_failed(self, storage: Any, study_id: int, number: int, keep_through: int | None,
+                      attrs: dict[str, Any]) -> bool:
+        return reopen_failed(storage.engine, study_id, number, keep_through, attrs)

@@ -16,9 +16,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.errors import StudyNotFound
 from sweep.internals import cache_trial, create_trial, forget_cached_trials, trial_id
-from sweep.store import rdb as storage_lib
+from sweep.store.backend import backend_for
 from sweep.store.claims import Claims
-from sweep.store.rdb import has_claims, initialised, load_study, open_storage, workdir_lock
+from sweep.store.rdb import load_study, workdir_lock
 from sweep.store.record import (BEST_STEP, BEST_VALUE, EVAL_ATTR_PREFIX, LAST_STEP, WARM_START, is_warm_start,
                                 paused_rung)
 from sweep.study import fingerprint
@@ -36,6 +36,7 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.backend = backend_for(config.storage)  # the kind of storage (backend.py): never asked which
         self._step_watchers: list[Callable[[int, int], None]] = []  # see watch_steps
         self._storage: optuna.storages.RDBStorage | None = None
         self._study: optuna.Study | None = None
@@ -57,24 +58,23 @@ class Session:
         if self._study is not None:
             return self
         config = self.config
-        storage = open_storage(config, create)
+        storage = self.backend.open(config, create)
         try:
             if create:
                 with workdir_lock(config):
-                    Claims.create_table(storage.engine)
+                    self.backend.prepare(storage)
             study = load_study(config, storage, create)
             study_id = storage.get_study_id_from_name(config.name)
         except BaseException:
-            storage.engine.dispose()
+            self.backend.close(storage)
             raise
         self._storage, self._study, self._study_id = storage, study, study_id
-        self._claims = Claims(storage.engine, self._study_id, config.study.parallel.lease_grace_seconds,
-                              outages=storage.outages)
+        self._claims = self.backend.claims(storage, self._study_id, config.study.parallel.lease_grace_seconds)
         return self
 
     def open_existing(self) -> bool:
         """Open the study if it exists, creating nothing; False if it does not (yet)."""
-        if not initialised(self.config):
+        if not self.backend.initialised(self.config):
             return False
         try:
             self.open(create=False)
@@ -84,7 +84,7 @@ class Session:
 
     def close(self) -> None:
         if self._storage is not None:
-            self._storage.engine.dispose()
+            self.backend.close(self._storage)
         self._storage = self._study = self._claims = None
         self._study_id = None
 
@@ -93,9 +93,9 @@ class Session:
         return self._study is not None
 
     @property
-    def storage(self) -> optuna.storages.RDBStorage:
-        """The raw RDB storage. optuna.Study wraps it in a cache that, on its first read, loads every
-        trial (~1.9 s for 2,000 trials here) whatever states were asked for; this one filters in SQL."""
+    def storage(self) -> optuna.storages.BaseStorage:
+        """The raw storage. optuna.Study wraps an RDB one in a cache that, on its first read, loads
+        every trial (~1.9 s for 2,000 trials here) whatever states were asked for; this one filters in SQL."""
         assert self._storage is not None, "open() the session first"
         return self._storage
 
@@ -135,27 +135,27 @@ class Session:
 
     def trial_states(self) -> dict[int, TrialState]:
         """number -> state of every trial, in one narrow query (no params, attributes or reports)."""
-        rows = self.storage.outages.call(lambda: storage_lib.trial_states(self.storage.engine, self.study_id,
-                                                                          WARM_START), what="reading trial states")
+        rows = self.storage.outages.call(lambda: self.backend.trial_states(self.storage, self.study_id, WARM_START),
+                                         what="reading trial states")
         return {number: state if isinstance(state, TrialState) else TrialState[state] for number, state in rows}
 
     def records(self, states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
         """Like `trials`, read narrowly: of a finished trial's `eval:<step>` attributes and reports
         only those at its best step (a trial without best_step, best_value and last_step comes whole).
         status's reader: it shows no other step."""
-        found = self.storage.outages.call(lambda: storage_lib.read_trials(
-            self.storage.engine, self.study_id, states, EVAL_ATTR_PREFIX, (BEST_STEP, BEST_VALUE, LAST_STEP)),
+        found = self.storage.outages.call(lambda: self.backend.read_trials(
+            self.storage, self.study_id, states, EVAL_ATTR_PREFIX, (BEST_STEP, BEST_VALUE, LAST_STEP)),
             what="reading trials")
         return sorted((t for t in found if not is_warm_start(t)), key=lambda t: t.number)
 
     def trial_attrs(self, *keys: str) -> dict[int, dict[str, Any]]:
         """number -> {key: value} of the user attributes `keys` of every trial, in one narrow query."""
-        return self.storage.outages.call(lambda: storage_lib.user_attr_values(
-            self.storage.engine, self.study_id, keys, WARM_START), what="reading trial attributes")
+        return self.storage.outages.call(lambda: self.backend.user_attr_values(
+            self.storage, self.study_id, keys, WARM_START), what="reading trial attributes")
 
     def n_trials_all(self) -> int:
         """Every trial of the study, warm-start observations too (Optuna's get_n_trials loads them all)."""
-        return self.storage.outages.call(lambda: storage_lib.count_trials(self.storage.engine, self.study_id),
+        return self.storage.outages.call(lambda: self.backend.count_trials(self.storage, self.study_id),
                                          what="counting trials")
 
     def best_trial(self) -> FrozenTrial | None:
@@ -185,7 +185,7 @@ class Session:
     def live_numbers(self, trials: Sequence[FrozenTrial]) -> set[int]:
         """Numbers of the RUNNING trials among `trials` whose worker is alive (claims)."""
         running = [t for t in trials if t.state == TrialState.RUNNING]
-        if not running or not has_claims(self.storage.engine):  # a study not run by sweep
+        if not running or not self.backend.has_claims(self.storage):  # a study not run by sweep
             return set()
         live = self.claims.live_numbers(t.number for t in running)
         # Claims of workers of the previous release were keyed by Optuna's internal trial id: a
@@ -225,6 +225,15 @@ class Session:
                                                        None if value is None else [value])
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
+
+    def reopen_failed(self, number: int, keep_through: int | None, attrs: dict[str, Any]) -> bool:
+        """FAIL trial `number` back to RUNNING with its retry's record `attrs`, its reports past
+        step `keep_through` removed (rdb.reopen_failed); False where it is no FAIL trial (anymore).
+
+        Raises:
+            UsageError: the storage never changes a finished trial (a journal).
+        """
+        return self.backend.reopen_failed(self.storage, self.study_id, number, keep_through, attrs)
 
     def seed_number(self, number: int) -> int:
         """The trial number whose keys and data order trial `number` uses (its own)."""
@@ -296,8 +305,8 @@ class Session:
         only those whose key starts with `prefix` where given (one narrow query)."""
         if prefix is None:
             return self.storage.get_study_system_attrs(self.study_id)
-        return self.storage.outages.call(lambda: storage_lib.study_system_attrs(self.storage.engine, self.study_id,
-                                                                                prefix), what="reading study attributes")
+        return self.storage.outages.call(lambda: self.backend.study_system_attrs(self.storage, self.study_id, prefix),
+                                         what="reading study attributes")
 
     def set_study_system_attrs(self, attrs: Mapping[str, Any]) -> None:
         """Set study system attributes, in order. Where two workers insert the same new key at once

@@ -18,13 +18,25 @@ def storage(file: str, url: str | None, text: Any) -> None:
     """`text`: the key as the file wrote it, shown in the error (`url` may hold a secret)."""
     if url is None:
         return
+    if url.startswith("journal://"):  # Optuna's journal in a file: any path names one
+        if url.rstrip("/") == "journal:" or url.endswith("/"):
+            raise ConfigError(file, "storage", "must name a journal file, like journal:///shared/sweeps/study.log",
+                              text)
+        return
+    if url.startswith(("redis://", "rediss://")):
+        import importlib.util
+
+        if importlib.util.find_spec("redis") is None:
+            raise ConfigError(file, "storage", "needs the redis package for Optuna's journal in Redis: "
+                              "pip install 'sweep[redis]'", text)
     from sqlalchemy.engine import make_url  # local: only needed when a storage is named
     from sqlalchemy.exc import ArgumentError
 
     try:
         make_url(url)
     except ArgumentError:
-        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db",
+        raise ConfigError(file, "storage", "must be an SQLAlchemy database URL like sqlite:///path/study.db, "
+                          "a journal file like journal:///shared/sweeps/study.log, or redis://host:6379/0",
                           text) from None
 
 

@@ -297,6 +297,9 @@ def _resolve_storage(url: str | None, workdir: Path) -> str:
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
         # Relative SQLite paths are relative to the current directory, as in the study file.
         return prefix + os.path.abspath(url[len(prefix):])
+    journal = "journal://"  # journal://PATH: Optuna's journal in a file (sweep/store/journal.py)
+    if url.startswith(journal) and not url.startswith(journal + "/"):
+        return journal + os.path.abspath(url[len(journal):])  # relative to the current directory, as SQLite's
     return url
 
 

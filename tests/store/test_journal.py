@@ -1,0 +1,183 @@
+"""Studies on Optuna's journal storage (issue 41): a file on a shared filesystem, or Redis. Three
+"hosts" (processes with distinct SWEEP_HOST, each started from a folder of its own) share the
+journal and the workdir, as nodes of a cluster share a filesystem: one is killed mid-trial, one is
+frozen past its lease; the study ends each trial once, bit-identical to one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import pytest
+import yaml
+
+from conftest import (BASE_STUDY, Running, checkpoint_dir, kill9, merge, run_cli, snapshot, study_of,
+                      wait_for_checkpoint)
+from tests.trials.files import write_trial
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
+
+SETTINGS = dict(n_trials=4, sampler={"type": "random", "seed": 3}, pruner={"type": "none"},
+                train={"steps": 1500, "eval_every": 100}, checkpoint={"every_steps": 200})
+
+
+@pytest.fixture(params=["file", "redis"])
+def journal(request, tmp_path):
+    """The storage URL of a fresh journal: a file in the shared folder, or an empty Redis database."""
+    shared = tmp_path / "shared"
+    if request.param == "redis":
+        return request.getfixturevalue("redis_url")
+    return f"journal://{shared / 'study.log'}"
+
+
+def test_three_hosts_one_killed_one_frozen_past_its_lease_end_each_trial_once(tmp_path, journal, reference, held):
+    grace = 3.0
+    shared = tmp_path / "shared"
+    data = merge(merge(BASE_STUDY, SETTINGS), {"storage": journal, "trial": "gated_digits",
+                                               "workdir": str(shared / "runs"),
+                                               "parallel": {"lease_grace_seconds": grace}})
+    study = shared / "study.yaml"
+    shared.mkdir()
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    hosts = [tmp_path / f"host{i}" for i in range(3)]
+    for host in hosts:
+        host.mkdir()
+        # Held at the 5th evaluation (step 500), after the saves at 200 and 400 (tests/trials/gated.py):
+        # hosts a and b cannot finish their trials before the test has killed and frozen them.
+        write_trial(host, "gated_digits", "gated", AT=5)
+    hold_a, hold_b = held(hosts[0] / "hold"), held(hosts[1] / "hold")  # host c is never held
+
+    def run(i: int) -> Running:
+        return Running("run", study, cwd=hosts[i], env={"SWEEP_HOST": f"host-{'abc'[i]}"})
+
+    a, b = run(0), run(1)
+    na = int(a.wait_for(r"trial (\d+): started").group(1))
+    nb = int(b.wait_for(r"trial (\d+): started").group(1))
+    assert na != nb
+    wait_for_checkpoint(checkpoint_dir(study, na), 400, proc=a)
+    wait_for_checkpoint(checkpoint_dir(study, nb), 400, proc=b)
+    kill9(a)
+    hold_a.unlink()
+    os.kill(b.proc.pid, signal.SIGSTOP)  # frozen: a paused VM, a stalled NFS client
+    try:
+        c = run(2)
+        c.wait_for(rf"trial {nb}: resumed from step \d+")  # after host-b's lease grace
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+    hold_b.unlink()  # b's evaluation goes on: its next write finds the trial taken over
+    assert c.finish() == 0, c.stderr
+    assert b.finish() == 0, b.stderr
+    assert re.search(rf"trial {nb} was taken over by host-c while this worker was unresponsive", b.stderr), b.stderr
+    assert f"trial {nb}: complete" not in b.stderr and "Traceback" not in b.stderr
+    # a's trial, by whichever live host found its lease gone first: from a's newest step, in the shared folder
+    assert f"trial {na}: resumed from step 400" in b.stderr + c.stderr, b.stderr + c.stderr
+    started = sorted(int(n) for p in (a, b, c) for n in re.findall(r"trial (\d+): started", p.stderr))
+    assert started == list(range(4))  # each trial started once, by one host
+    trials = study_of(study).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4 and not any("failures" in t.user_attrs for t in trials)
+    assert snapshot(study) == reference(**SETTINGS)  # = one process on SQLite, bit for bit
+
+
+def test_status_reads_a_journal_and_a_missing_one_is_not_found(tmp_path, journal, reference):
+    study = tmp_path / "study.yaml"
+    data = merge(merge(BASE_STUDY, SETTINGS), {"storage": journal, "workdir": str(tmp_path / "runs"), "n_trials": 2})
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    if journal.startswith("journal://"):
+        missing = run_cli("status", study, cwd=tmp_path)
+        assert missing.returncode == 1 and "no journal at" in missing.stderr, missing.stderr
+        assert not (tmp_path / "shared").exists()  # a reader creates nothing
+    done = run_cli("run", study, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run_cli("status", study, "--json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert [t["state"] for t in json.loads(shown.stdout)["trials"]] == ["COMPLETE", "COMPLETE"]
+    assert snapshot(study) == reference(**{**SETTINGS, "n_trials": 2})
+
+
+def test_an_unwritable_journal_path_is_one_line_and_nothing_is_created(tmp_path):
+    blocker = tmp_path / "shared"
+    blocker.write_text("a file where the journal's folder would be")  # unwritable even for root
+    study = tmp_path / "study.yaml"
+    data = merge(BASE_STUDY, {"storage": f"journal://{blocker / 'sweeps' / 'study.log'}",
+                              "workdir": str(tmp_path / "runs")})
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = run_cli("run", study, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "cannot create the journal" in result.stderr and str(blocker / "sweeps" / "study.log") in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared", "study.yaml"]  # no workdir, no journal
+
+
+class OwnRedis:
+    """A redis-server of the test's own on a free port, its data appended to a file (fsynced on
+    every write) so that it survives a restart, as a production server's does."""
+
+    def __init__(self, folder) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.folder, self.url, self.proc = folder, f"redis://127.0.0.1:{self.port}/0", None
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        import redis
+
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+                                      str(self.folder), "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:  # until it answers (the event), or a generous deadline
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return
+            except redis.exceptions.ConnectionError:
+                assert time.monotonic() < deadline and self.proc.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+def test_a_redis_restart_mid_trial_is_waited_for_and_the_study_stays_bit_identical(tmp_path, reference):
+    server = OwnRedis(tmp_path)
+    server.start()
+    settings = dict(n_trials=2, train={"steps": 3000, "eval_every": 50}, checkpoint={"every_steps": 500},
+                    sampler={"type": "random", "seed": 3}, pruner={"type": "none"})
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(merge(merge(BASE_STUDY, settings), {"storage": server.url,
+                                                                        "workdir": str(tmp_path / "runs")})))
+    try:
+        proc = Running("run", study, cwd=tmp_path)
+        proc.wait_for(r"trial 0: started")
+        wait_for_checkpoint(checkpoint_dir(study, 0), 500, proc=proc)
+        server.stop()
+        proc.wait_for(r"the study's database is unreachable")  # it waits, the trial intact
+        server.start()
+        assert proc.finish() == 0, proc.stderr
+        assert "the study's database is back after" in proc.stderr, proc.stderr
+        trials = study_of(study).trials
+        assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and not any("failures" in t.user_attrs
+                                                                                    for t in trials)
+        assert snapshot(study) == reference(**settings)
+    finally:
+        server.stop()
+
+
+def test_a_redis_server_that_is_away_is_waited_for_then_exit_1(tmp_path):
+    server = OwnRedis(tmp_path)  # never started: nothing listens on its port
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(merge(BASE_STUDY, {"storage": server.url, "storage_retry_seconds": 2,
+                                                       "workdir": str(tmp_path / "runs")})))
+    result = run_cli("run", study, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "the study's database is unreachable" in result.stderr and "waiting for it, up to 2 s" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "cannot open storage redis://127.0.0.1:" in last and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()
