@@ -331,7 +331,8 @@ class TrialCheckpoints:
             integrity.write_checksum(self.directory, step, integrity.checksum(state, self.checksum_algorithm))
             packed = packing.pack(state)
             if compact.fits(packed):
-                integrity.install_step(self.directory, step, lambda tmp: compact.write(tmp, packed, metrics), "compact")
+                integrity.install_step(self.directory, step, lambda tmp: compact.write(tmp, packed, metrics), "compact",
+                                       fence=self.fence)
                 self._retain()
             else:
                 manager = self._orbax()

@@ -124,15 +124,20 @@ def make_durable(step_dir: Path) -> None:
     _fsync(step_dir.parent)
 
 
-def install_step(directory: Path, step: int, fill: Callable[[Path], None], what: str) -> None:
+def install_step(directory: Path, step: int, fill: Callable[[Path], None], what: str,
+                 fence: Callable[[], None] | None = None) -> None:
     """Commit step `step` into trial folder `directory` (a compact save, a download, a copy) as a
     save commits: its checksum must be in place already; `fill(tmp)` writes the step's files into
     a dot-folder (`.<step>.<what>`, removed first if a kill left one), made durable, then renamed
-    (and the rename made durable)."""
+    (and the rename made durable). `fence()`, where given, runs just before the rename: it raises
+    where this worker lost its trial meanwhile (frozen mid-write past its lease), and the step is
+    never committed (its dot-folder is removed by the next run there)."""
     tmp = directory / f".{step}.{what}"
     shutil.rmtree(tmp, ignore_errors=True)
     fill(tmp)
     make_durable(tmp)
+    if fence is not None:
+        fence()
     os.rename(tmp, directory / str(step))
     _fsync(directory)  # the rename itself
 

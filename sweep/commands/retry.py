@@ -33,7 +33,8 @@ def reopen(session: Session, numbers: list[int] | None = None, from_scratch: boo
 
     Raises:
         ConfigError: the study file changed keys that define what its trials mean (nothing changed).
-        UsageError: a number is no FAIL trial of the study; `from_scratch` with checkpoint.remote.
+        UsageError: a number is no FAIL trial of the study; `from_scratch` with checkpoint.remote; a
+            journal storage (Optuna's journal never changes a finished trial).
     """
     config = session.open(create=False).config
     session.check_unchanged()  # a retry trains the trial the study defined, or nothing
@@ -48,6 +49,8 @@ def reopen(session: Session, numbers: list[int] | None = None, from_scratch: boo
         raise UsageError("--from-scratch: not with checkpoint.remote (a retry resumes from the bucket's steps); "
                          "retry from the newest checkpoint, or remove the trial's steps from the bucket first")
     chosen = sorted(set(numbers)) if numbers else sorted(n for n, s in states.items() if s == TrialState.FAIL)
+    if chosen:
+        session.check_reopenable()  # before anything is removed: a journal never changes a finished trial
     remote = remote_steps(session, chosen) or {} if chosen and not from_scratch else {}
     done = []
     for n in chosen:

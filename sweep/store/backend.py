@@ -1,4 +1,4 @@
-"""The storage contract: what the study session (session.py) needs of a kind of storage, one
+"""The storage interface: what the study session (session.py) needs of a kind of storage, one
 member per kind, so the session never asks which one it holds.
 
 - `rdb.RDB`: Optuna's RDBStorage (SQLite, PostgreSQL, MySQL: any SQLAlchemy URL). Claims are a
@@ -55,9 +55,9 @@ class Backend(Protocol):
     def study_system_attrs(self, storage: Any, study_id: int, prefix: str) -> dict[str, Any]: ...
 
     def reopen_failed(self, storage: Any, study_id: int, number: int, keep_through: int | None,
-                      attrs: dict[str, Any]) -> bool:
-        """FAIL trial `number` back to RUNNING with its retry's record (rdb.reopen_failed);
-        UsageError where the storage never changes a finished trial."""
+                      attrs: dict[str, Any], check_only: bool = False) -> bool:
+        """FAIL trial `number` back to RUNNING with its retry's record (rdb_tables.reopen_failed);
+        UsageError where the storage never changes a finished trial (`check_only`: only that)."""
 
 
 def backend_for(url: str) -> Backend:

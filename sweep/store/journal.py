@@ -1,4 +1,4 @@
-"""The storage contract (backend.py) for Optuna's JournalStorage: a study as an append-only log
+"""The storage interface (backend.py) for Optuna's JournalStorage: a study as an append-only log
 on a shared filesystem (`journal:///shared/sweeps/digits.log`) or in Redis (`redis://host:6379/0`).
 
 What each guarantee rests on here (docs/clusters-shared-filesystem.md says it for users):
@@ -153,8 +153,8 @@ class Journal:
         return {k: v for k, v in storage.get_study_system_attrs(study_id).items() if k.startswith(prefix)}
 
     def reopen_failed(self, storage: Any, study_id: int, number: int, keep_through: int | None,
-                      attrs: dict[str, Any]) -> bool:
-        raise UsageError(f"cannot retry trial {number} on a journal storage ({mask_url(storage.sweep_url)}): Optuna's "
-                         "journal never changes a finished trial; a study that needs `sweep retry` runs on SQLite "
-                         "or PostgreSQL")
+                      attrs: dict[str, Any], check_only: bool = False) -> bool:
+        raise UsageError(f"retry: not on a journal storage ({mask_url(storage.sweep_url)}): Optuna's journal never "
+                         "changes a finished trial, so a FAIL trial cannot run again under its number; a study "
+                         "that needs `retry` runs on SQLite or PostgreSQL")
 

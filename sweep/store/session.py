@@ -226,9 +226,13 @@ class Session:
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
 
+    def check_reopenable(self) -> None:
+        """Raise UsageError where the storage never changes a finished trial (a journal)."""
+        self.backend.reopen_failed(self.storage, self.study_id, -1, None, {}, check_only=True)
+
     def reopen_failed(self, number: int, keep_through: int | None, attrs: dict[str, Any]) -> bool:
         """FAIL trial `number` back to RUNNING with its retry's record `attrs`, its reports past
-        step `keep_through` removed (rdb.reopen_failed); False where it is no FAIL trial (anymore).
+        step `keep_through` removed (rdb_tables.reopen_failed); False where it is no FAIL trial (anymore).
 
         Raises:
             UsageError: the storage never changes a finished trial (a journal).

@@ -109,3 +109,30 @@ def test_a_compact_step_of_other_arrays_than_the_state_s_is_damaged_not_misread(
             ckpt.restore_verified(100, other)
     finally:
         ckpt.close()
+
+
+def test_a_worker_that_lost_its_trial_while_writing_never_commits_the_step(tmp_path):
+    """The fence runs again just before the rename: a worker frozen mid-write past its lease finds
+    the trial taken over there, and its step is never committed (issue 41: a shared workdir)."""
+    from sweep.errors import TakenOver
+
+    directory = tmp_path / "trial_0000"
+    checks: list[int] = []
+
+    def fence() -> None:  # holds the trial at the save's first check, not at the one before the rename
+        checks.append(1)
+        if len(checks) == 2:
+            raise TakenOver("trial 0 was taken over by host-b while this worker was unresponsive")
+
+    ckpt = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=2, keep_best=1, fence=fence)
+    try:
+        ckpt.save((100, _state(100), {"val_loss": 0.5}))
+        with pytest.raises(TakenOver):
+            ckpt.wait()
+    finally:
+        ckpt.close()  # the error was the save's, raised once
+    assert len(checks) == 2 and not (directory / "100").exists()
+    assert [p.name for p in directory.iterdir() if p.name.startswith(".1")] == [".100.compact"]  # not a step
+    reopened = TrialCheckpoints(directory, "val_loss", "minimize", keep_last=2, keep_best=1)
+    assert reopened.all_steps() == [] and not (directory / ".100.compact").exists()  # the next run removes it
+    reopened.close()

@@ -68,6 +68,28 @@ def test_retry_refuses_a_changed_study_a_trial_that_did_not_fail_and_reopens_not
     assert [t.state.name for t in trials(study)] == ["FAIL", "COMPLETE", "COMPLETE"]  # nothing reopened
 
 
+def test_retry_on_a_journal_is_refused_before_anything_is_removed(here, capsys):
+    """Optuna's journal never changes a finished trial: exit 2, one line, the FAIL trial and its
+    checkpoints as they were (--from-scratch would remove them first)."""
+    import optuna
+
+    from conftest import optuna_storage
+
+    study = make_study(here, storage=f"journal://{here / 'shared' / 'study.log'}")
+    _fail_trial_0_at(study, 25)
+    path = here / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    kept = saved_steps(checkpoint_dir(study, 0))
+    capsys.readouterr()
+    assert main(["retry", str(path), "--from-scratch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: retry: not on a journal storage (journal://") and err.count("\n") == 1, err
+    assert "Optuna's journal never changes a finished trial" in err
+    states = [t.state.name for t in optuna.load_study(study_name=study["name"],
+                                                      storage=optuna_storage(study["storage"])).trials]
+    assert states == ["FAIL", "COMPLETE", "COMPLETE"] and saved_steps(checkpoint_dir(study, 0)) == kept == [20]
+
+
 @pytest.mark.slow
 def test_python_m_sweep_retry_killed_mid_trial_then_run_ends_as_if_the_trial_never_failed(tmp_path):
     reference = tmp_path / "reference"

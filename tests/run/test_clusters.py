@@ -110,17 +110,18 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
 
 
 def test_the_recipes_run_the_command_this_module_tests():
-    """examples/slurm/sweep.sbatch is valid bash whose node command is `python -m sweep run STUDY
+    """examples/slurm/sweep.sbatch (and its shared-filesystem variant) is valid bash whose node command is `python -m sweep run STUDY
     --n-jobs auto` (exec'd, so SLURM's SIGTERM reaches sweep); examples/k8s/job.yaml is an Indexed
     Job whose container runs the same command, and both parse with sweep's own command line."""
     import subprocess
 
     from conftest import REPO
 
-    sbatch = REPO / "examples" / "slurm" / "sweep.sbatch"
-    assert subprocess.run(["bash", "-n", str(sbatch)], capture_output=True).returncode == 0
-    node = [line for line in sbatch.read_text().splitlines() if line.startswith("exec ")]
-    assert node == ['exec python -m sweep run "$STUDY" --n-jobs auto'], node
+    for name in ("sweep.sbatch", "sweep-shared-fs.sbatch"):  # PostgreSQL and a bucket; a journal file (issue 41)
+        sbatch = REPO / "examples" / "slurm" / name
+        assert subprocess.run(["bash", "-n", str(sbatch)], capture_output=True).returncode == 0
+        node = [line for line in sbatch.read_text().splitlines() if line.startswith("exec ")]
+        assert node == ['exec python -m sweep run "$STUDY" --n-jobs auto'], (name, node)
     job = yaml.safe_load((REPO / "examples" / "k8s" / "job.yaml").read_text())
     assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
     (container,) = job["spec"]["template"]["spec"]["containers"]

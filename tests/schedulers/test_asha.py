@@ -139,11 +139,13 @@ def test_asha_kill9_then_same_command_equals_an_uninterrupted_run(uninterrupted,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
-def test_asha_killed_at_random_moments_equals_an_uninterrupted_run(uninterrupted, tmp_path, signum, seed):
+@pytest.mark.parametrize("signum,journal", [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)],
+                         ids=["kill9", "sigterm", "kill9-journal"])
+def test_asha_killed_at_random_moments_equals_an_uninterrupted_run(uninterrupted, tmp_path, signum, journal, seed):
     """kill -9 or SIGTERM as a trial pauses at its first rung, then at random moments (pauses,
-    promotions, steps, saves): the same command ends with the same study, no step trained twice."""
-    path = _write(tmp_path)
+    promotions, steps, saves): the same command ends with the same study, no step trained twice.
+    On a journal file too (issue 41): the same study as the uninterrupted one's on SQLite."""
+    path = _write(tmp_path, **({"storage": f"journal://{tmp_path / 'shared' / 'asha.log'}"} if journal else {}))
     kills = interrupt_at_random(path, signum, r"paused at rung 100", seed=seed, env=_cache(uninterrupted))
     result = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))
     assert result.returncode == 0, result.stderr

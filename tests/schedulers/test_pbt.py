@@ -145,10 +145,12 @@ def test_pbt_replay_retrains_the_winner_s_lineage_to_the_same_weights(uninterrup
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill9", "sigterm"])
+@pytest.mark.parametrize("signum,journal", [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)],
+                         ids=["kill9", "sigterm", "kill9-journal"])
 def test_pbt_killed_at_random_moments_and_at_exploits_equals_an_uninterrupted_run(uninterrupted, tmp_path, signum,
-                                                                                   seed):
-    path = _write(tmp_path)
+                                                                                   journal, seed):
+    """On a journal file too (issue 41): the same study as the uninterrupted one's on SQLite."""
+    path = _write(tmp_path, **({"storage": f"journal://{tmp_path / 'shared' / 'pbt.log'}"} if journal else {}))
     # First right after an exploit (the copy made, the member not yet trained on), then at random.
     kills = interrupt_at_random(path, signum, r"exploit at step", seed=seed, env=_cache(uninterrupted))
     result = run_cli("run", path, cwd=tmp_path, env=_cache(uninterrupted))

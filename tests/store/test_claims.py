@@ -42,6 +42,52 @@ def test_claim_is_exclusive_across_processes(tmp_path):
     assert sorted(results) == [False, False, False, True]
 
 
+def _contend_journal(path: str, key: str, barrier, out) -> None:
+    from optuna.storages.journal import JournalFileBackend
+
+    from sweep.store.journal_claims import JournalClaims
+
+    claims = JournalClaims(JournalFileBackend(path), 1)
+    barrier.wait()
+    out.put((claims.try_take(key), claims.live_owners([key]).get(key) == claims.owner))
+
+
+@pytest.mark.slow
+def test_a_journal_claim_is_exclusive_across_processes_and_all_agree_who_holds_it(tmp_path):
+    """Four processes take one key at once through the claims log beside a journal file: one wins,
+    and each, replaying the log, sees the winner as the holder (issue 41)."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_contend_journal, args=(str(tmp_path / "study.log.claims"), "trial:1:7", barrier,
+                                                        out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert results == [(False, False)] * 3 + [(True, True)]
+
+
+def test_a_journal_claim_of_a_dead_owner_is_taken_over_released_and_fenced(tmp_path):
+    from optuna.storages.journal import JournalFileBackend
+
+    from sweep.errors import TakenOver
+    from sweep.store.journal_claims import JournalClaims
+
+    log = JournalFileBackend(str(tmp_path / "study.log.claims"))
+    gone = JournalClaims(log, 1, grace=3.0)
+    gone.owner = "otherhost/1/1"  # another host, whose last heartbeat was long ago
+    log.append_logs([{"op": "take", "key": "trial:1:1", "owner": gone.owner, "prev": None, "t": 0.0, "id": "x"}])
+    mine = JournalClaims(JournalFileBackend(str(tmp_path / "study.log.claims")), 1, grace=3.0)
+    assert mine.live_owners(["trial:1:1"]) == {}  # its lease ran out
+    assert mine.try_take("trial:1:1") and mine.live_owners(["trial:1:1"]) == {"trial:1:1": mine.owner}
+    with pytest.raises(TakenOver):
+        gone.check("trial:1:1", "trial 1")  # the old owner, back, is fenced
+    assert not gone.try_take("trial:1:1")  # this process is alive: its claim stands
+    mine.release("trial:1:1")
+    assert mine.live_owners(["trial:1:1"]) == {} and gone.try_take("trial:1:1")
+
+
 @pytest.mark.slow
 def test_claim_of_dead_process_is_taken_over_and_live_one_is_not(tmp_path):
     engine = _engine(tmp_path)
