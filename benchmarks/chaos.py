@@ -28,6 +28,12 @@ every fault is undone, dead hosts are restarted, and all must exit 0. Then the i
   - `sweep export` from an empty folder (reading the bucket) writes every kept trial and each
     exported trial's params equal the ones exported from the hosts' checkpoints.
 
+With --shared-fs (issue 41) the hosts share only a filesystem: the study is Optuna's journal file
+there (`journal://`), the workdir (checkpoints) one folder there for every host (a tmpfs where this
+runs as root: the disk fault fills it for all), and there is no bucket; the faults are kill9,
+sigterm, freeze, disk and damage, and the invariants the same (keep_trials and max_disk over the
+shared folder; the export from an empty folder reads the shared workdir).
+
 The report (JSON) lists the faults injected and the invariants; the seed reproduces a schedule.
 The faults that need root (disk, pg) are left out where this does not run as root.
 tests/run/test_chaos.py runs its short deterministic form (`campaign(..., scenario=True)`): each
@@ -60,6 +66,12 @@ KINDS = ("kill9", "sigterm", "freeze", "pg", "s3", "disk", "damage")
 LEASE_GRACE = 3.0
 MAX_DISK = "2MB"  # per host: binds at times (a host holds ~1-1.5 MB of steps), never below what it must keep
 KINDS_ROUND: list[str] = list(KINDS)  # the kinds a round of the schedule takes (campaign sets it)
+SHARED: list[Path] = []  # --shared-fs: the one folder every host's workdir is in (campaign sets it)
+
+
+def _ckpt_root(folder: Path, name: str) -> Path:
+    """The checkpoints of the study as the host running in `folder` sees them."""
+    return (SHARED[0] if SHARED else folder) / "runs" / name / "checkpoints"
 
 
 class Proxy:
@@ -201,7 +213,7 @@ class Host:
 
 
 def study_file(folder: Path, storage: str, n_trials: int, steps: int, pruner: bool, remote: str | None,
-               name: str) -> Path:
+               name: str, workdir: Path | None = None) -> Path:
     data: dict[str, Any] = {
         "name": name, "trial": "trials.digits_mlp", "n_trials": n_trials, "storage": storage,
         "objective": {"metric": "val_loss", "direction": "minimize"},
@@ -218,6 +230,8 @@ def study_file(folder: Path, storage: str, n_trials: int, steps: int, pruner: bo
     }
     if remote:
         data["checkpoint"]["remote"] = remote
+    if workdir is not None:
+        data["workdir"] = str(workdir)
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -238,19 +252,30 @@ def _create_database() -> tuple[str, Any]:
     return f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}", drop
 
 
+def _optuna_storage(url: str) -> Any:
+    """What optuna.load_study takes for the study file's storage (a journal file: JournalStorage)."""
+    if url.startswith("journal://"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return JournalStorage(JournalFileBackend(url[len("journal://"):]))
+    return url
+
+
 def _damage(hosts: list[Host], storage: str, name: str, rng: random.Random) -> str | None:
     """Overwrite the middle of one file of the newest committed step of a RUNNING trial."""
     import optuna
 
     try:
-        running = [t.number for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+        running = [t.number for t in optuna.load_study(study_name=name,
+                                                        storage=_optuna_storage(storage)).get_trials(deepcopy=False)
                    if t.state.name == "RUNNING"]
     except Exception:  # noqa: BLE001 - not created yet, or the database is restarting: no target now
         return None
     candidates = []
-    for host in hosts:
+    for root in sorted({_ckpt_root(h.folder, name) for h in hosts}):
         for number in running:
-            folder = host.folder / "runs" / name / "checkpoints" / f"trial_{number:04d}"
+            folder = root / f"trial_{number:04d}"
             steps = sorted((p for p in folder.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
             if steps:
                 files = [f for f in steps[-1].rglob("*") if f.is_file() and f.stat().st_size > 16]
@@ -286,7 +311,7 @@ def _fill(folder: Path) -> Path:
 
 def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int, steps: int,
              storage: str | None = None, kinds: tuple[str, ...] = KINDS, say: Any = print,
-             beside: bool = False, scenario: bool = False) -> dict[str, Any]:
+             beside: bool = False, scenario: bool = False, shared_fs: bool = False) -> dict[str, Any]:
     """Run one campaign under `root`; its report (see the module's docstring). `beside`: the
     reference trains while the campaign runs (a long campaign: its reference is as long).
     `scenario`: the short deterministic form (tests/run/test_chaos.py): each kind once, in the order
@@ -303,6 +328,13 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     drop = None
+    mounted: list[Path] = []
+    SHARED[:] = [root / "shared"] if shared_fs else []
+    if shared_fs:
+        SHARED[0].mkdir()
+        if "disk" in kinds and _mount(SHARED[0], "384m"):
+            mounted.append(SHARED[0])
+        storage = storage or f"journal://{SHARED[0] / 'study.log'}"
     if storage is None:
         storage, drop = _create_database()
     s3_port = _free_port()
@@ -313,9 +345,9 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "AWS_ACCESS_KEY_ID": "chaos",
            "AWS_SECRET_ACCESS_KEY": "chaos", "AWS_DEFAULT_REGION": "us-east-1"}
-    mounted: list[Path] = []
     report: dict[str, Any] = {"seed": seed, "minutes": minutes, "workers": workers, "n_trials": n_trials,
-                              "steps": steps, "faults": [], "skipped_kinds": []}
+                              "steps": steps, "storage": storage.split(":")[0], "shared_fs": shared_fs,
+                              "faults": [], "skipped_kinds": []}
     try:
         import boto3
 
@@ -334,15 +366,17 @@ def campaign(root: Path, minutes: float, seed: int, workers: int, n_trials: int,
         if not beside:
             assert ref_proc.wait() == 0, (root / "reference.log").read_text()[-3000:]
             report["reference_seconds"] = round(time.monotonic() - t0, 1)
-        study = study_file(root, storage, n_trials, steps, True, f"s3://{BUCKET}/campaign", name)
+        study = study_file(root, storage, n_trials, steps, True, None if shared_fs else f"s3://{BUCKET}/campaign",
+                           name, SHARED[0] / "runs" / name if shared_fs else None)
         hosts = []
         for i in range(workers):
             folder = root / f"host{i}"
             folder.mkdir()
-            if "disk" in kinds and _mount(folder, "128m"):
+            if "disk" in kinds and not shared_fs and _mount(folder, "128m"):
                 mounted.append(folder)
             hosts.append(Host(i, folder, study, env))
-        active = [k for k in kinds if not ((k == "pg" and _pg_cluster() is None) or (k == "disk" and not mounted))]
+        active = [k for k in kinds if not ((k == "pg" and (_pg_cluster() is None or shared_fs)) or
+                                           (k == "s3" and shared_fs) or (k == "disk" and not mounted))]
         report["skipped_kinds"] = sorted(set(kinds) - set(active))
         global KINDS_ROUND
         KINDS_ROUND = active
@@ -476,6 +510,11 @@ def _inject_kind(kind: str, rng: random.Random, hosts: list[Host], proxy: Proxy,
         undo.append((now + rng.uniform(2, 8), "s3", None))
         return {"kind": kind, "target": "bucket"}
     if kind == "disk":
+        if SHARED:  # the shared folder, full for every host at once
+            if not SHARED[0].is_mount() or (SHARED[0] / "filler.bin").exists():
+                return None
+            undo.append((now + rng.uniform(3, 10), "grow", _fill(SHARED[0])))
+            return {"kind": kind, "target": "shared"}
         candidates = [h for h in hosts if h.folder.is_mount() and not (h.folder / "filler.bin").exists()]
         if not candidates:
             return None
@@ -502,7 +541,7 @@ def _undo(what: str, target: Any, proxy: Proxy) -> None:
 def _committed(hosts: list[Host], name: str) -> set[tuple[int, str, str]]:
     """(host, trial folder, step) of every step committed on the hosts' disks now."""
     return {(h.index, step.parent.name, step.name) for h in hosts
-            for step in (h.folder / "runs" / name / "checkpoints").glob("trial_*/*") if step.name.isdigit()}
+            for step in _ckpt_root(h.folder, name).glob("trial_*/*") if step.name.isdigit()}
 
 
 _SAMPLED = [0.0]
@@ -517,7 +556,7 @@ def _sample_disk(hosts: list[Host], name: str, report: dict[str, Any]) -> None:
 
     peak = report.setdefault("peak_checkpoint_bytes", {})
     for h in hosts:
-        used = folder_bytes(h.folder / "runs" / name / "checkpoints")
+        used = folder_bytes(_ckpt_root(h.folder, name))
         peak[f"host-{h.index}"] = max(peak.get(f"host-{h.index}", 0), used)
 
 
@@ -527,7 +566,7 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
     import optuna
 
     out: dict[str, Any] = {}
-    trials = sorted(optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False),
+    trials = sorted(optuna.load_study(study_name=name, storage=_optuna_storage(storage)).get_trials(deepcopy=False),
                     key=lambda t: t.number)
     ref = {t.number: t for t in optuna.load_study(
         study_name=name, storage=f"sqlite:///{ref_study.parent / 'study.db'}").get_trials(deepcopy=False)}
@@ -553,7 +592,7 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
     out["bit_identical_to_uninterrupted"] = True if not broken else broken
     complete = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: (t.value, t.number))
     keep = {f"trial_{t.number:04d}" for t in complete[:2]}
-    local = {p.name for h in hosts for p in (h.folder / "runs" / name / "checkpoints").glob("trial_*")
+    local = {p.name for h in hosts for p in _ckpt_root(h.folder, name).glob("trial_*")
              if any(s.name.isdigit() for s in p.iterdir())}
     from sweep.checkpoints.remote import RemoteTier
     from sweep.checkpoints.s3 import S3Tier
@@ -562,9 +601,11 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
                                                 "AWS_DEFAULT_REGION")}
     os.environ.update({k: env[k] for k in env_saved})
     try:
-        tier = RemoteTier(S3Tier(f"s3://{BUCKET}/campaign",
-                                 optuna.load_study(study_name=name, storage=storage).user_attrs["remote_root"]))
-        remote = {f"trial_{t.number:04d}" for t in trials if tier.steps(f"trial_{t.number:04d}")}
+        remote = set()
+        if not SHARED:  # no bucket where the hosts share a filesystem
+            tier = RemoteTier(S3Tier(f"s3://{BUCKET}/campaign",
+                                     optuna.load_study(study_name=name, storage=storage).user_attrs["remote_root"]))
+            remote = {f"trial_{t.number:04d}" for t in trials if tier.steps(f"trial_{t.number:04d}")}
     finally:
         for k, v in env_saved.items():
             if v is None:
@@ -578,9 +619,9 @@ def check(root: Path, study: Path, ref_study: Path, hosts: list[Host], storage: 
     from sweep.checkpoints.retention import folder_bytes
 
     cap = TypeAdapter(ByteSize).validate_python(MAX_DISK)
-    used = {f"host-{h.index}": folder_bytes(h.folder / "runs" / name / "checkpoints") for h in hosts}
+    used = {f"host-{h.index}": folder_bytes(_ckpt_root(h.folder, name)) for h in hosts}
     out["max_disk_held"] = True if all(u <= cap for u in used.values()) else {"max_disk": cap, "used": used}
-    leftovers = [str(p.relative_to(root)) for h in hosts for p in (h.folder / "runs" / name).rglob("*")
+    leftovers = [str(p.relative_to(root)) for h in hosts for p in _ckpt_root(h.folder, name).parent.rglob("*")
                  if ".orbax-checkpoint-tmp" in p.name or p.name.endswith(".removing") or p.name.endswith(".tmp")]
     out["no_temporary_folders"] = True if not leftovers else leftovers
     # Export from an empty folder: every kept step comes from the bucket, checksums verified.
@@ -607,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help="faults to inject (comma-separated)")
     parser.add_argument("--root", type=Path, default=None, help="folder of the campaign (default: a new temp dir)")
     parser.add_argument("--report", type=Path, default=None, help="write the report (JSON) here too")
+    parser.add_argument("--shared-fs", action="store_true",
+                        help="hosts share only a filesystem: the study in a journal file there, one shared workdir, no bucket")
     parser.add_argument("--reference-first", action="store_true",
                         help="train the uninterrupted reference before the campaign, not beside it")
     args = parser.parse_args(argv)
@@ -615,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or Path(tempfile.mkdtemp(prefix="sweep-chaos-"))
     n_trials = args.trials or max(8, int(args.minutes * 5))  # about what 3 hosts finish per minute here
     report = campaign(root / "campaign", args.minutes, args.seed, args.workers, n_trials, args.steps,
-                      kinds=tuple(args.kinds.split(",")), beside=not args.reference_first)
+                      kinds=tuple(args.kinds.split(",")), beside=not args.reference_first, shared_fs=args.shared_fs)
     counts: dict[str, int] = {}
     for f in report["faults"]:
         counts[f["kind"]] = counts.get(f["kind"], 0) + 1

@@ -8,6 +8,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -516,6 +517,27 @@ def postgres_url() -> Any:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(folder, size): a tmpfs of `size` at `folder`, unmounted after the test."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full disk is a real tmpfs here, and mounting one needs root and mount(8)")
+    mounted: list[Path] = []
+
+    def mount(folder: Path, size: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        options = f"size={size}" if folder not in mounted else f"remount,size={size}"
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            pytest.skip(f"mounting a tmpfs is not permitted here: {result.stderr.strip()}")
+        mounted.append(folder)
+
+    yield mount
+    for folder in set(mounted):
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 REDIS_URL = os.environ.get("SWEEP_TEST_REDIS", "redis://localhost:6379")

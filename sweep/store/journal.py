@@ -52,6 +52,38 @@ def _redis(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
+def _file_backend(path: Path) -> Any:
+    """Optuna's JournalFileBackend whose appends are whole or nothing: Optuna writes a batch of
+    entries with one write, and a write cut short (a full disk, a quota) would leave half a line
+    that the next append runs on into, making the journal unreadable for every process (its reader
+    stops at a line that does not parse). Here a failed append is cut back to the size before it,
+    under the same lock, and the error goes on (an outage: outage.py retries it)."""
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal._file import get_lock_file  # the backend's own lock, as its append takes it
+
+    class WholeAppends(JournalFileBackend):
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            import json
+
+            line = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
+            with get_lock_file(self._lock):
+                fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND)  # unbuffered: nothing left to flush later
+                try:
+                    size = os.fstat(fd).st_size
+                    try:
+                        done = 0
+                        while done < len(line):
+                            done += os.write(fd, line[done:])
+                        os.fsync(fd)
+                    except OSError:
+                        os.ftruncate(fd, size)
+                        raise
+                finally:
+                    os.close(fd)
+
+    return WholeAppends(str(path))
+
+
 class _EmptyLog:
     """The claims of a journal no sweep run ever wrote, read where nothing may be created."""
 
@@ -76,7 +108,7 @@ class Journal:
             raise SweepError(f"cannot open storage {mask_url(config.storage)}: {one_line(exc)}") from None
 
     def open(self, config: Config, create: bool) -> Any:
-        from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
+        from optuna.storages.journal import JournalRedisBackend
 
         url, path = config.storage, journal_path(config.storage)
         if path is not None:
@@ -89,7 +121,7 @@ class Journal:
                 except OSError as exc:
                     raise SweepError(f"cannot create the journal {path} (storage {url}): "
                                      f"{exc.strerror or one_line(exc)}") from None
-            backend: Any = JournalFileBackend(str(path))
+            backend: Any = _file_backend(path)
         else:
             backend = JournalRedisBackend(url)
         outages = Outages(config.study.storage_retry_seconds)
@@ -102,7 +134,7 @@ class Journal:
         return storage
 
     def _claims_log(self, storage: Any, create: bool) -> Any:
-        from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
+        from optuna.storages.journal import JournalRedisBackend
 
         path = journal_path(storage.sweep_url)
         if path is None:
@@ -110,7 +142,7 @@ class Journal:
         claims = Path(str(path) + CLAIMS_SUFFIX)
         if not claims.exists() and not create and not os.access(claims.parent, os.W_OK):
             return _EmptyLog()
-        return JournalFileBackend(str(claims))
+        return _file_backend(claims)
 
     def prepare(self, storage: Any) -> None:
         self._claims_log(storage, create=True)

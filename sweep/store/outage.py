@@ -14,6 +14,7 @@ duplicate would be an orphaned RUNNING trial that the next worker adopts).
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import threading
@@ -37,6 +38,7 @@ _OUTAGE_MARKERS = (
 
 
 _REDIS_OUTAGES = ("ConnectionError", "TimeoutError", "BusyLoadingError")
+_FILE_OUTAGES = (errno.ENOSPC, errno.EDQUOT, errno.ESTALE)
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -51,6 +53,8 @@ def is_outage(exc: BaseException) -> bool:
             return True
         if type(current).__module__.startswith("redis") and type(current).__name__ in _REDIS_OUTAGES:
             return True  # a journal's Redis server away, restarting or loading its data
+        if isinstance(current, OSError) and current.errno in _FILE_OUTAGES:
+            return True  # a journal file's disk full or over quota, an NFS handle gone stale: waited for
         if isinstance(current, (sa_exc.OperationalError, sa_exc.InterfaceError, ConnectionError)) or \
                 type(current).__name__ in ("OperationalError", "InterfaceError", "StorageInternalError"):
             if any(m in str(current).lower() for m in _OUTAGE_MARKERS):

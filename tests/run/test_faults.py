@@ -4,10 +4,8 @@ polling it."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -98,27 +96,6 @@ def test_four_processes_and_a_polling_reader_share_one_sqlite_study(write_study)
     assert started == list(range(8))  # no trial run twice
     trials = study_of(study).trials
     assert len(trials) == 8 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """mount(folder, size): a tmpfs of `size` at `folder`, unmounted after the test."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a full disk is a real tmpfs here, and mounting one needs root and mount(8)")
-    mounted: list[Path] = []
-
-    def mount(folder: Path, size: str) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        options = f"size={size}" if folder not in mounted else f"remount,size={size}"
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
-                                text=True)
-        if result.returncode != 0:
-            pytest.skip(f"mounting a tmpfs is not permitted here: {result.stderr.strip()}")
-        mounted.append(folder)
-
-    yield mount
-    for folder in set(mounted):
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def test_full_checkpoint_disk_stops_the_run_and_the_study_resumes_once_space_is_freed(

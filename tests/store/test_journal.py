@@ -181,3 +181,28 @@ def test_a_redis_server_that_is_away_is_waited_for_then_exit_1(tmp_path):
     last = result.stderr.strip().splitlines()[-1]
     assert "cannot open storage redis://127.0.0.1:" in last and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_full_disk_under_the_journal_is_waited_for_then_exit_1_and_the_journal_stays_whole(
+        tmp_path, reference, small_disk):
+    """The journal's filesystem fills mid-run: each append is whole or nothing (a write cut short is
+    cut back), the run waits storage_retry_seconds, then exits 1 with no trial failed; once space is
+    freed the same command ends the study, bit-identical (a half-written line would have made the
+    journal unreadable for every process)."""
+    shared = tmp_path / "shared"
+    small_disk(shared, "32k")
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(merge(BASE_STUDY, {"storage": f"journal://{shared / 'study.log'}",
+                                                       "storage_retry_seconds": 2,
+                                                       "workdir": str(tmp_path / "runs")})))
+    full = run_cli("run", study, cwd=tmp_path)
+    assert full.returncode == 1, full.stderr
+    assert "the study's database is unreachable" in full.stderr and "No space left on device" in full.stderr
+    assert "Traceback" not in full.stderr, full.stderr
+    trials = study_of(study).trials  # the journal reads: no half line in it
+    assert trials and not [t.number for t in trials if t.state.name == "FAIL" or "failures" in t.user_attrs]
+    assert (shared / "study.log").read_bytes().endswith(b"\n")
+    small_disk(shared, "16m")  # space freed
+    again = run_cli("run", study, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert snapshot(study) == reference()
