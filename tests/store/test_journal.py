@@ -206,3 +206,25 @@ def test_a_full_disk_under_the_journal_is_waited_for_then_exit_1_and_the_journal
     again = run_cli("run", study, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert snapshot(study) == reference()
+
+
+def test_a_torn_last_line_a_killed_writer_left_is_cut_away_before_the_next_append(tmp_path):
+    """A writer killed mid-line (a line of several KiB, a crashed client) leaves half a line; Optuna's
+    own append runs on into it and every reader fails from then on; sweep's cuts it away first."""
+    from optuna.storages.journal import JournalFileBackend
+
+    from sweep.store.journal import _file_backend
+
+    for name, backend in (("optuna", JournalFileBackend), ("sweep", _file_backend)):
+        path = tmp_path / f"{name}.log"
+        backend(str(path) if name == "optuna" else path).append_logs([{"op": 1}])
+        with open(path, "ab") as f:
+            f.write(b'{"op":2,"half')  # the writer killed here
+        assert list(JournalFileBackend(str(path)).read_logs(0)) == [{"op": 1}]  # a reader stops before it
+        for op in (3, 4):  # two more writers' entries
+            backend(str(path) if name == "optuna" else path).append_logs([{"op": op}])
+        if name == "optuna":  # entry 3 ran on into the half line: lost, and the log unreadable past it
+            with pytest.raises(ValueError):
+                list(JournalFileBackend(str(path)).read_logs(0))
+        else:
+            assert list(JournalFileBackend(str(path)).read_logs(0)) == [{"op": 1}, {"op": 3}, {"op": 4}]
