@@ -12,7 +12,7 @@ of a 10,000-trial study on a journal file.
    of each (`optuna.load_study(...).get_trials()`) and `sweep status --json` of each, as ratios to
    Optuna's load of the same storage. Target: status on the journal <= 1.0x Optuna's load of it.
 
-    python benchmarks/storages.py [--trials 64] [--workers 8] [--big 10000] [--skip-big]
+    python benchmarks/storages.py [--trials 256] [--workers 8] [--big 10000] [--skip-big]
 
 PostgreSQL: $SWEEP_TEST_POSTGRES (default postgres@localhost); Redis: $SWEEP_TEST_REDIS
 (default redis://localhost:6379), database 9, flushed before and after.
@@ -28,15 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import harness
 import yaml
+from chaos import _create_database
 
 from tests.trials.files import trial_source  # noqa: E402
 
-PG_ADMIN = os.environ.get("SWEEP_TEST_POSTGRES", "postgresql+psycopg://postgres@localhost/postgres")
 REDIS = os.environ.get("SWEEP_TEST_REDIS", "redis://localhost:6379") + "/9"
 STARTED = re.compile(r"\[sweep (\d\d:\d\d:\d\d)\] trial (\d+): started")
 
@@ -91,21 +90,6 @@ def throughput(kind: str, storage: str, root: Path, n_trials: int, workers: int,
     return {"storage": kind, "trials_per_s": rate, "window_s": window, "wall_s": wall}
 
 
-def _pg_database() -> tuple[str, callable]:
-    import sqlalchemy as sa
-
-    name = f"sweep_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}", drop
-
-
 def _flush_redis() -> None:
     import redis
 
@@ -119,6 +103,7 @@ def big_status(root: Path, n: int, rounds: int) -> dict[str, float]:
     from optuna.storages.journal import JournalFileBackend
 
     t0 = time.monotonic()
+    root.mkdir(parents=True, exist_ok=True)
     sqlite_study = big_study.make_study(root, n)
     sqlite_url = f"sqlite:///{root / big_study.NAME / 'study.db'}"
     journal = root / "big.log"
@@ -158,7 +143,7 @@ def big_status(root: Path, n: int, rounds: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=64)
+    ap.add_argument("--trials", type=int, default=256)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--big", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the big study's reads")
@@ -172,7 +157,7 @@ def main() -> None:
         warm = _study(root / "warm", f"sqlite:///{root / 'warm' / 'study.db'}", 1)  # fills the shared cache
         subprocess.run([sys.executable, "-m", "sweep", "run", str(warm)], cwd=root / "warm", env=env, check=True,
                        capture_output=True)
-        pg, drop = _pg_database()
+        pg, drop = _create_database()  # chaos.py's: a fresh PostgreSQL database, dropped after
         _flush_redis()
         rows = []
         try:

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Iterable
+from typing import Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -73,12 +73,14 @@ def owner_alive(owner: str, heartbeat: float, now: float | None = None, grace: f
     return (now or time.time()) - heartbeat < grace
 
 
-class Claims:
-    """Claims of one study, held by this process."""
+class Leases:
+    """Claims of one study, held by this process: what every kind of claims shares (the fence's
+    rule, liveness, the heartbeat's thread). A member keeps them somewhere (Claims: a table;
+    journal_claims.JournalClaims: an operation log) through five methods: `_try_take(key)`,
+    `_holder(key)`, `_release(key)`, `_held(keys)` -> [(key, owner, heartbeat)] and `_renew()`."""
 
-    def __init__(self, engine: sa.Engine, study_id: int, grace: float = LEASE_GRACE_S,
-                 outages: Outages | None = None) -> None:
-        self.engine, self.study_id, self.owner, self.grace = engine, study_id, my_owner(), grace
+    def __init__(self, study_id: int, grace: float = LEASE_GRACE_S, outages: Outages | None = None) -> None:
+        self.study_id, self.owner, self.grace = study_id, my_owner(), grace
         self.outages = outages or Outages()
         self.last_beat = time.monotonic()  # when this process last renewed its claims
         self.last_gap = 0.0  # the time between its last two renewals (a freeze shows here)
@@ -86,42 +88,24 @@ class Claims:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @staticmethod
-    def create_table(engine: sa.Engine) -> None:
-        try:
-            _metadata.create_all(engine, checkfirst=True)
-        except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
-            # Hosts starting at once on a fresh PostgreSQL database race here: `checkfirst` looks, then
-            # creates, and the losers' CREATE TABLE fails (a duplicate pg_type row, or "already exists").
-            # The table is there then, made by the winner; anything else is a real error.
-            if not sa.inspect(engine).has_table(claims_table.name):
-                raise
-
     def _retry(self, fn, *args):
-        # A database away for a while (a restart, a failover; SQLite's "database is locked" past its
+        # The storage away for a while (a restart, a failover; SQLite's "database is locked" past its
         # busy timeout under heavy contention): wait for it, as every storage call does.
         return self.outages.call(fn, *args, what="claims")
+
+    def _try_take(self, key: str) -> bool: raise NotImplementedError
+
+    def _holder(self, key: str) -> str | None: raise NotImplementedError
+
+    def _release(self, key: str) -> None: raise NotImplementedError
+
+    def _held(self, keys: list[str]) -> list[tuple[str, str, float]]: raise NotImplementedError
+
+    def _renew(self) -> None: raise NotImplementedError
 
     def try_take(self, key: str) -> bool:
         """Take `key` if it is free or its owner is dead (compare-and-set on the owner)."""
         return self._retry(self._try_take, key)
-
-    def _try_take(self, key: str) -> bool:
-        t = claims_table
-        now = time.time()
-        try:
-            with self.engine.begin() as conn:
-                row = conn.execute(sa.select(t.c.owner, t.c.heartbeat).where(t.c.key == key)).first()
-                if row is None:
-                    conn.execute(t.insert().values(key=key, owner=self.owner, heartbeat=now))
-                    return True
-                if row.owner != self.owner and owner_alive(row.owner, row.heartbeat, now, self.grace):
-                    return False
-                done = conn.execute(t.update().where(t.c.key == key, t.c.owner == row.owner)
-                                    .values(owner=self.owner, heartbeat=now))
-                return done.rowcount == 1
-        except IntegrityError:  # another process inserted the same key first
-            return False
 
     def check(self, key: str, what: str, released_is_mine: bool = False) -> None:
         """The fence before every write for a trial (report, attribute, checkpoint, tell).
@@ -138,13 +122,7 @@ class Claims:
         now = time.monotonic()
         if now - self._checked.get(key, -math.inf) < min(self.grace / 4, FENCE_REUSE_S):
             return
-        t = claims_table
-
-        def owner() -> str | None:
-            with self.engine.connect() as conn:
-                return conn.execute(sa.select(t.c.owner).where(t.c.key == key)).scalar()
-
-        holder = self._retry(owner)
+        holder = self._retry(self._holder, key)
         if holder == self.owner:
             self._checked[key] = now
         elif holder is None and released_is_mine:
@@ -156,13 +134,7 @@ class Claims:
                             "leaving it, writing nothing more for it")
 
     def release(self, key: str) -> None:
-        t = claims_table
-
-        def _release() -> None:
-            with self.engine.begin() as conn:
-                conn.execute(t.delete().where(t.c.key == key, t.c.owner == self.owner))
-
-        self._retry(_release)
+        self._retry(self._release, key)
 
     def key(self, number: int) -> str:
         """The claim key of trial `number` of this study."""
@@ -181,15 +153,9 @@ class Claims:
         keys = list(keys)
         if not keys:
             return {}
-        t = claims_table
-
-        def query() -> list[Any]:
-            with self.engine.connect() as conn:
-                return conn.execute(sa.select(t.c.key, t.c.owner, t.c.heartbeat).where(t.c.key.in_(keys))).all()
-
-        rows = self._retry(query)
+        rows = self._retry(self._held, keys)
         now = time.time()
-        return {r.key: r.owner for r in rows if owner_alive(r.owner, r.heartbeat, now, self.grace)}
+        return {key: owner for key, owner, beat in rows if owner_alive(owner, beat, now, self.grace)}
 
     def start_heartbeat(self) -> None:
         """Renew this process's claims so workers on other hosts see them alive (again after a
@@ -200,12 +166,10 @@ class Claims:
         def beat() -> None:
             while not stop.wait(min(HEARTBEAT_S, self.grace / 4)):
                 try:
-                    with self.engine.begin() as conn:
-                        conn.execute(claims_table.update().where(claims_table.c.owner == self.owner)
-                                     .values(heartbeat=time.time()))
+                    self._renew()
                     now = time.monotonic()
                     self.last_gap, self.last_beat = now - self.last_beat, now
-                except Exception as exc:  # the database away for a while: next beat; the grace is several beats
+                except Exception as exc:  # the storage away for a while: next beat; the grace is several beats
                     log.debug("heartbeat failed: %s", exc)
 
         self._thread = threading.Thread(target=beat, name="sweep-heartbeat", daemon=True)
@@ -218,13 +182,69 @@ class Claims:
             self._thread = None
 
 
+class Claims(Leases):
+    """Claims in the `sweep_claims` table beside Optuna's (RDB storages)."""
+
+    def __init__(self, engine: sa.Engine, study_id: int, grace: float = LEASE_GRACE_S,
+                 outages: Outages | None = None) -> None:
+        super().__init__(study_id, grace, outages)
+        self.engine = engine
+
+    @staticmethod
+    def create_table(engine: sa.Engine) -> None:
+        try:
+            _metadata.create_all(engine, checkfirst=True)
+        except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
+            # Hosts starting at once on a fresh PostgreSQL database race here: `checkfirst` looks, then
+            # creates, and the losers' CREATE TABLE fails (a duplicate pg_type row, or "already exists").
+            # The table is there then, made by the winner; anything else is a real error.
+            if not sa.inspect(engine).has_table(claims_table.name):
+                raise
+
+    def _try_take(self, key: str) -> bool:
+        t = claims_table
+        now = time.time()
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(sa.select(t.c.owner, t.c.heartbeat).where(t.c.key == key)).first()
+                if row is None:
+                    conn.execute(t.insert().values(key=key, owner=self.owner, heartbeat=now))
+                    return True
+                if row.owner != self.owner and owner_alive(row.owner, row.heartbeat, now, self.grace):
+                    return False
+                done = conn.execute(t.update().where(t.c.key == key, t.c.owner == row.owner)
+                                    .values(owner=self.owner, heartbeat=now))
+                return done.rowcount == 1
+        except IntegrityError:  # another process inserted the same key first
+            return False
+
+    def _holder(self, key: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(claims_table.c.owner).where(claims_table.c.key == key)).scalar()
+
+    def _release(self, key: str) -> None:
+        t = claims_table
+        with self.engine.begin() as conn:
+            conn.execute(t.delete().where(t.c.key == key, t.c.owner == self.owner))
+
+    def _held(self, keys: list[str]) -> list[tuple[str, str, float]]:
+        t = claims_table
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.select(t.c.key, t.c.owner, t.c.heartbeat)
+                                                   .where(t.c.key.in_(keys))).all()]
+
+    def _renew(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(claims_table.update().where(claims_table.c.owner == self.owner).values(heartbeat=time.time()))
+
+
 def trial_key(study_id: int, number: int) -> str:
     # By (study id, number): both are public in Optuna's API, unlike its internal trial id.
     return f"trial:{study_id}:{number}"
 
 
 class AskLock:
-    def __init__(self, claims: Claims, key: str, poll_s: float) -> None:
+    def __init__(self, claims: Leases, key: str, poll_s: float) -> None:
         self.claims, self.key, self.poll_s = claims, key, poll_s
 
     def __enter__(self) -> None:

@@ -36,6 +36,24 @@ REDIS_LOG_NUMBER = ":log_number"  # the key of Optuna's JournalRedisBackend (pre
 _RetryingJournalStorage = retrying_storage_class(optuna.storages.JournalStorage)
 
 
+# Journal files replayed by this process, by path: a second session of the same study in one
+# process (`run` reads its plan, then runs; `status` reads the study, then the file's changes) goes
+# on from the first one's replay (Optuna's JournalStorage reads only what was appended since), not
+# from the start (~1 s for 10,000 trials). Only while it is the same file (_same_file).
+_OPENED: dict[str, tuple[tuple[int, int, int], Any]] = {}
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size
+
+
+def _same_file(before: tuple[int, int, int], now: tuple[int, int, int]) -> bool:
+    """The same journal: its device and inode, and no shorter (a journal only grows; an inode freed
+    and given to a new file under the same name starts empty)."""
+    return before[:2] == now[:2] and now[2] >= before[2]
+
+
 def is_journal(url: str) -> bool:
     return url.startswith((FILE_SCHEME, *REDIS_SCHEMES))
 
@@ -171,6 +189,12 @@ class Journal:
                 except OSError as exc:
                     raise SweepError(f"cannot create the journal {path} (storage {url}): "
                                      f"{exc.strerror or one_line(exc)}") from None
+            identity = _identity(path)
+            opened = _OPENED.get(str(path))
+            if opened is not None and _same_file(opened[0], identity):  # replayed here before: go on from there
+                opened[1].outages = Outages(config.study.storage_retry_seconds)
+                _OPENED[str(path)] = (identity, opened[1])
+                return opened[1]
             backend: Any = _file_backend(path, config.study.storage_retry_seconds)
         else:
             backend = JournalRedisBackend(url)
@@ -181,6 +205,8 @@ class Journal:
             raise SweepError(f"cannot open storage {mask_url(url)}: {one_line(exc)}") from None
         storage.outages = outages
         storage.sweep_url = url
+        if path is not None:
+            _OPENED[str(path)] = (identity, storage)
         return storage
 
     def _claims_log(self, storage: Any, create: bool) -> Any:

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep.errors import StudyNotFound
 from sweep.internals import cache_trial, create_trial, forget_cached_trials, trial_id
 from sweep.store.backend import backend_for
-from sweep.store.claims import Claims
+from sweep.store.claims import Leases
 from sweep.store.rdb import load_study, workdir_lock
 from sweep.store.record import (BEST_STEP, BEST_VALUE, EVAL_ATTR_PREFIX, LAST_STEP, WARM_START, is_warm_start,
                                 paused_rung)
@@ -41,7 +41,7 @@ class Session:
         self._storage: optuna.storages.RDBStorage | None = None
         self._study: optuna.Study | None = None
         self._study_id: int | None = None
-        self._claims: Claims | None = None
+        self._claims: Leases | None = None
         # Trials this process told finished (claims released; an upload queued for one may find no holder).
         self.finished_here: set[int] = set()
         self.enqueue_done = False  # every entry of the file's `enqueue` has a trial (all_enqueued)
@@ -110,7 +110,7 @@ class Session:
         return self._study_id
 
     @property
-    def claims(self) -> Claims:
+    def claims(self) -> Leases:
         assert self._claims is not None, "open() the session first"
         return self._claims
 

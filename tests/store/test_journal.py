@@ -228,3 +228,23 @@ def test_a_torn_last_line_a_killed_writer_left_is_cut_away_before_the_next_appen
                 list(JournalFileBackend(str(path)).read_logs(0))
         else:
             assert list(JournalFileBackend(str(path)).read_logs(0)) == [{"op": 1}, {"op": 3}, {"op": 4}]
+
+
+def test_a_second_session_in_one_process_goes_on_from_the_first_replay_of_the_same_file(tmp_path):
+    """`run` reads its plan then runs, `status` reads the study then the file's changes: one replay
+    of a big journal, not two; a journal file replaced meanwhile (another inode) is replayed anew."""
+    from sweep.store.journal import Journal
+    from sweep.study import config as config_lib
+
+    study = tmp_path / "study.yaml"
+    journal = tmp_path / "shared" / "study.log"
+    study.write_text(yaml.safe_dump(merge(BASE_STUDY, {"storage": f"journal://{journal}",
+                                                       "workdir": str(tmp_path / "runs")})))
+    config = config_lib.load(study, import_trial=False)
+    first = Journal().open(config, create=True)
+    first.create_new_study([], "t")
+    assert Journal().open(config, create=False) is first
+    journal.unlink()
+    journal.write_bytes(b"")  # another file under the same name: nothing of the first one's replay holds
+    again = Journal().open(config, create=True)
+    assert again is not first and again.get_all_studies() == []
