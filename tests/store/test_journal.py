@@ -248,3 +248,28 @@ def test_a_second_session_in_one_process_goes_on_from_the_first_replay_of_the_sa
     journal.write_bytes(b"")  # another file under the same name: nothing of the first one's replay holds
     again = Journal().open(config, create=True)
     assert again is not first and again.get_all_studies() == []
+
+
+ENQUEUED = dict(SETTINGS, n_trials=4, enqueue=[{"learning_rate": 0.01, "hidden": 32},
+                                               {"learning_rate": 0.05, "hidden": 16},
+                                               {"learning_rate": 0.002, "hidden": 64}])
+
+
+def test_two_hosts_on_a_journal_run_each_enqueued_entry_once_and_refuse_a_trial_defining_edit(tmp_path, reference):
+    study = tmp_path / "study.yaml"
+    data = merge(merge(BASE_STUDY, ENQUEUED), {"storage": f"journal://{tmp_path / 'shared' / 'study.log'}",
+                                               "workdir": str(tmp_path / "runs")})
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    hosts = [Running("run", study, cwd=tmp_path, env={"SWEEP_HOST": f"host-{i}"}) for i in range(2)]
+    assert [h.finish() for h in hosts] == [0, 0], [h.stderr[-2000:] for h in hosts]
+    started = sorted(int(n) for h in hosts for n in re.findall(r"trial (\d+): started", h.stderr))
+    assert started == [0, 1, 2, 3]
+    trials = study_of(study).trials
+    assert [t.user_attrs.get("enqueue_index") for t in trials] == [0, 1, 2, None]  # each entry once, in order
+    assert snapshot(study) == reference(**ENQUEUED)  # = one process on SQLite
+    edited = yaml.safe_load(study.read_text())
+    edited["train"]["steps"] = 3000
+    study.write_text(yaml.safe_dump(edited, sort_keys=False))
+    refused = run_cli("run", study, cwd=tmp_path)
+    assert refused.returncode == 2 and "train.steps: 1500 -> 3000" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
