@@ -15,7 +15,6 @@ What each guarantee rests on here (docs/clusters-shared-filesystem.md says it fo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,7 +22,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from sweep.errors import StudyNotFound, SweepError, UsageError, one_line
-from sweep.store.outage import DEFAULT_RETRY_SECONDS, Outages, retrying_storage_class
+from sweep.store.journal_file import file_backend
+from sweep.store.outage import Outages, retrying_storage_class
 from sweep.study.config import Config
 from sweep.study.credentials import mask_url
 
@@ -70,88 +70,6 @@ def _redis(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
-def _file_backend(path: Path, retry_seconds: float = DEFAULT_RETRY_SECONDS) -> Any:
-    """Optuna's JournalFileBackend, made safe where Optuna's is not (it writes and reads as ever):
-
-    - appends are whole or nothing: Optuna writes a batch with one buffered write, and a write cut
-      short (a full disk, a quota) left half a line that the next append ran on into, making the
-      journal unreadable for every process (its reader stops at a line that does not parse). Here a
-      failed append is cut back to the size before it (unless another host appended since: its lock
-      was broken, see docs/shared-filesystem.md), and a torn last line a killed or crashed writer
-      left is cut away before the next append, under the backend's lock (a reader never reads a
-      line without its newline, so no process has replayed it);
-    - a read that fails for an outage (ESTALE, a full disk) is retried here, not by retrying the
-      storage call around it, which would append its entry twice;
-    - errors reach sweep as Optuna's StorageInternalError (the cause chained): a fault of the
-      storage, never of the trial that was writing.
-    """
-    from optuna.exceptions import StorageInternalError
-    from optuna.storages.journal import JournalFileBackend
-
-    def storage_error(what: str, exc: BaseException) -> StorageInternalError:
-        return StorageInternalError(f"cannot {what} the journal {path}: {type(exc).__name__}: {exc}")
-
-    class SafeFileBackend(JournalFileBackend):
-        def read_logs(self, log_number_from: int) -> Any:
-            outages = Outages(retry_seconds)
-            try:
-                return iter(outages.call(lambda: list(super(SafeFileBackend, self).read_logs(log_number_from)),
-                                         what="reading the journal"))
-            except (OSError, ValueError) as exc:
-                raise storage_error("read", exc) from exc
-
-        def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            import json
-
-            line = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
-            wrote = False
-            try:
-                self._lock.acquire()  # as Optuna's get_lock_file, but a release after a write that landed
-                try:              # may fail (the lock was broken meanwhile): the entry is in, go on
-                    fd = os.open(self._file_path, os.O_RDWR | os.O_APPEND)  # unbuffered: nothing flushed later
-                    try:
-                        _cut_torn_tail(fd)
-                        size, done = os.fstat(fd).st_size, 0
-                        try:
-                            while done < len(line):
-                                done += os.write(fd, line[done:])
-                            os.fsync(fd)
-                            wrote = True
-                        except BaseException:
-                            if os.fstat(fd).st_size <= size + done:  # no other host appended meanwhile
-                                os.ftruncate(fd, size)
-                            raise
-                    finally:
-                        os.close(fd)
-                finally:
-                    try:
-                        self._lock.release()
-                    except RuntimeError:  # Optuna's lock, broken by another host while this one held it
-                        if not wrote:
-                            raise
-            except (OSError, RuntimeError) as exc:
-                raise storage_error("append to", exc) from exc
-
-    return SafeFileBackend(str(path))
-
-
-def _cut_torn_tail(fd: int) -> None:
-    """Truncate the file after its last newline: a line without one was never completed."""
-    end = os.fstat(fd).st_size
-    if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
-        return
-    pos = end
-    while pos > 0:
-        start = max(0, pos - 65536)
-        chunk = os.pread(fd, pos - start, start)
-        cut = chunk.rfind(b"\n")
-        if cut >= 0:
-            os.ftruncate(fd, start + cut + 1)
-            return
-        pos = start
-    os.ftruncate(fd, 0)
-
-
 class _EmptyLog:
     """The claims of a journal no sweep run ever wrote, read where nothing may be created."""
 
@@ -195,7 +113,7 @@ class Journal:
                 opened[1].outages = Outages(config.study.storage_retry_seconds)
                 _OPENED[str(path)] = (identity, opened[1])
                 return opened[1]
-            backend: Any = _file_backend(path, config.study.storage_retry_seconds)
+            backend: Any = file_backend(path, config.study.storage_retry_seconds)
         else:
             backend = JournalRedisBackend(url)
         outages = Outages(config.study.storage_retry_seconds)
@@ -218,7 +136,7 @@ class Journal:
         claims = Path(str(path) + CLAIMS_SUFFIX)
         if not claims.exists() and not create:  # a reader creates nothing (the file's owner would be its user)
             return _EmptyLog()
-        return _file_backend(claims, storage.outages.seconds)
+        return file_backend(claims, storage.outages.seconds)
 
     def prepare(self, storage: Any) -> None:
         self._claims_log(storage, create=True)

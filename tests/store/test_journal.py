@@ -213,7 +213,7 @@ def test_a_torn_last_line_a_killed_writer_left_is_cut_away_before_the_next_appen
     own append runs on into it and every reader fails from then on; sweep's cuts it away first."""
     from optuna.storages.journal import JournalFileBackend
 
-    from sweep.store.journal import _file_backend
+    from sweep.store.journal_file import file_backend as _file_backend
 
     for name, backend in (("optuna", JournalFileBackend), ("sweep", _file_backend)):
         path = tmp_path / f"{name}.log"
@@ -273,3 +273,44 @@ def test_two_hosts_on_a_journal_run_each_enqueued_entry_once_and_refuse_a_trial_
     refused = run_cli("run", study, cwd=tmp_path)
     assert refused.returncode == 2 and "train.steps: 1500 -> 3000" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_the_lock_of_a_writer_killed_inside_its_append_is_broken_at_once_on_its_host(tmp_path):
+    """A worker killed while it holds the journal's lock (kill -9 inside an append): the next
+    writer on its host sees the holder named by the lock is gone and takes it, where Optuna's lock
+    stalled everyone for its 30 s grace; a live holder's lock is waited for."""
+    import subprocess
+    import sys
+    import threading
+
+    from optuna.storages.journal import JournalFileBackend
+
+    from sweep.store.claims import HOST
+    from sweep.store.journal_file import LOCK_GRACE_S, file_backend
+
+    path = tmp_path / "study.log"
+    backend = file_backend(path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    os.symlink(f"{HOST}/{dead.pid}/1", f"{path}.lock")  # its lock, left behind
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (backend.append_logs([{"op": 1}]), done.set()), daemon=True)
+    writer.start()
+    assert done.wait(LOCK_GRACE_S - 10), "waited as for a live holder"  # a deadline well inside the grace
+    assert list(JournalFileBackend(str(path)).read_logs(0)) == [{"op": 1}] and not os.path.lexists(f"{path}.lock")
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with open(f"/proc/{alive.pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+        os.symlink(f"{HOST}/{alive.pid}/{start}", f"{path}.lock")  # a live holder's
+        done.clear()
+        writer = threading.Thread(target=lambda: (backend.append_logs([{"op": 2}]), done.set()), daemon=True)
+        writer.start()
+        assert not done.wait(1.0)  # it waits (a second of it is seen, not timed)
+        os.unlink(f"{path}.lock")  # the holder lets go
+        assert done.wait(60)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert list(JournalFileBackend(str(path)).read_logs(0)) == [{"op": 1}, {"op": 2}]
