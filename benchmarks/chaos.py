@@ -253,13 +253,13 @@ def _create_database() -> tuple[str, Any]:
 
 
 def _optuna_storage(url: str) -> Any:
-    """What optuna.load_study takes for the study file's storage (a journal file: JournalStorage)."""
-    if url.startswith("journal://"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
+    """What optuna.load_study takes for the study file's storage (a journal: JournalStorage)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
 
+    if url.startswith("journal://"):
         return JournalStorage(JournalFileBackend(url[len("journal://"):]))
-    return url
+    return JournalStorage(JournalRedisBackend(url)) if url.startswith("redis://") else url
 
 
 def _damage(hosts: list[Host], storage: str, name: str, rng: random.Random) -> str | None:

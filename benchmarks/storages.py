@@ -32,7 +32,7 @@ from pathlib import Path
 
 import harness
 import yaml
-from chaos import _create_database
+from chaos import _create_database, _optuna_storage
 
 from tests.trials.files import trial_source  # noqa: E402
 
@@ -51,15 +51,6 @@ def _study(root: Path, storage: str, n_trials: int) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     (root / "bench_linear.py").write_text(trial_source("linear", METRICS=("val_loss",)))
     return path
-
-
-def _optuna_storage(url: str):
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
-
-    if url.startswith("journal://"):
-        return JournalStorage(JournalFileBackend(url[len("journal://"):]))
-    return JournalStorage(JournalRedisBackend(url)) if url.startswith("redis://") else url
 
 
 def _started_per_second(logs: list[str], storage: str, n_trials: int) -> tuple[float, float]:

@@ -138,7 +138,6 @@ class StudySession:
 
         from sweep.run import plan as plan_lib
         from sweep.run import preflight
-        from sweep.store.rdb import sqlite_on_network
         from sweep.store.samplers import sampler_notes
         from sweep.study import fingerprint
 
@@ -154,9 +153,9 @@ class StudySession:
         if plan.new:
             for level, note in sampler_notes(self.config):
                 log.log(level, note)
-        on_network = sqlite_on_network(self.config)
-        if on_network is not None:
-            log.warning(on_network)
+        warning = self._session.backend.start_warning(self.config)  # e.g. SQLite on a network filesystem
+        if warning is not None:
+            log.warning(warning)
         preflight.check(self.config)
         return plan
 

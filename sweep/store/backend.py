@@ -21,8 +21,6 @@ from sweep.study.config import Config
 
 
 class Backend(Protocol):
-    kind: str  # the storage's kind in messages: "database", "journal"
-
     def initialised(self, config: Config) -> bool:
         """Whether the study's storage exists and is complete (a reader opens nothing else)."""
 
@@ -39,6 +37,9 @@ class Backend(Protocol):
     def has_claims(self, storage: Any) -> bool:
         """Whether sweep ever ran this storage (a study Optuna alone wrote has no claims)."""
 
+    def start_warning(self, config: Config) -> str | None:
+        """One line `run` warns with at start about where this storage is (None: nothing to say)."""
+
     def close(self, storage: Any) -> None: ...
 
     # The readers' narrow reads: of every trial but those with the user attribute `warm_key`.
@@ -54,10 +55,13 @@ class Backend(Protocol):
 
     def study_system_attrs(self, storage: Any, study_id: int, prefix: str) -> dict[str, Any]: ...
 
+    def check_reopenable(self, storage: Any) -> None:
+        """Raise UsageError where the storage never changes a finished trial (`retry` is refused)."""
+
     def reopen_failed(self, storage: Any, study_id: int, number: int, keep_through: int | None,
-                      attrs: dict[str, Any], check_only: bool = False) -> bool:
+                      attrs: dict[str, Any]) -> bool:
         """FAIL trial `number` back to RUNNING with its retry's record (rdb_tables.reopen_failed);
-        UsageError where the storage never changes a finished trial (`check_only`: only that)."""
+        False where it is no FAIL trial (anymore)."""
 
 
 def backend_for(url: str) -> Backend:

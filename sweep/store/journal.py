@@ -1,11 +1,11 @@
 """The storage interface (backend.py) for Optuna's JournalStorage: a study as an append-only log
 on a shared filesystem (`journal:///shared/sweeps/digits.log`) or in Redis (`redis://host:6379/0`).
 
-What each guarantee rests on here (docs/clusters-shared-filesystem.md says it for users):
+What each guarantee rests on here (docs/shared-filesystem.md says it for users):
 
 - creating, asking, telling, attributes: Optuna's journal. Appends to a file are serialised by
-  `JournalFileLock` (a symlink created atomically: it works over NFS, where SQLite's locks do
-  not); in Redis by a Lua script that numbers each entry. Every process replays the same log.
+  journal_file.HolderLock (Optuna's symlink lock: a symlink created atomically works over NFS,
+  where SQLite's locks do not); in Redis by a Lua script that numbers each entry. Every process replays the same log.
 - each enqueued or paused trial runs once: Optuna's WAITING -> RUNNING pop, applied in log order
   (the first pop wins, the others are ignored on replay and told so).
 - leases, fencing, the ask lock: journal_claims.py, an operation log beside the journal.
@@ -81,8 +81,6 @@ class _EmptyLog:
 
 
 class Journal:
-    kind = "journal"
-
     def initialised(self, config: Config) -> bool:
         path = journal_path(config.storage)
         if path is not None:
@@ -149,6 +147,9 @@ class Journal:
     def has_claims(self, storage: Any) -> bool:
         return True  # a journal's claims log is empty where no sweep run wrote it: no live claim
 
+    def start_warning(self, config: Config) -> str | None:
+        return None
+
     def close(self, storage: Any) -> None:
         pass  # a file is opened per read; Redis's connections close with the process
 
@@ -178,9 +179,13 @@ class Journal:
     def study_system_attrs(self, storage: Any, study_id: int, prefix: str) -> dict[str, Any]:
         return {k: v for k, v in storage.get_study_system_attrs(study_id).items() if k.startswith(prefix)}
 
-    def reopen_failed(self, storage: Any, study_id: int, number: int, keep_through: int | None,
-                      attrs: dict[str, Any], check_only: bool = False) -> bool:
+    def check_reopenable(self, storage: Any) -> None:
         raise UsageError(f"retry: not on a journal storage ({mask_url(storage.sweep_url)}): Optuna's journal never "
                          "changes a finished trial, so a FAIL trial cannot run again under its number; a study "
                          "that needs `retry` runs on SQLite or PostgreSQL")
 
+
+    def reopen_failed(self, storage: Any, study_id: int, number: int, keep_through: int | None,
+                      attrs: dict[str, Any]) -> bool:
+        self.check_reopenable(storage)
+        return False

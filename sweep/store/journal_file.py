@@ -5,13 +5,15 @@ lock that names its holder (`HolderLock`).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from optuna.storages.journal import JournalFileSymlinkLock
+from optuna.exceptions import StorageInternalError
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from sweep.store.claims import HOST, owner_alive, my_owner
 from sweep.store.outage import DEFAULT_RETRY_SECONDS, Outages
@@ -80,7 +82,7 @@ class HolderLock(JournalFileSymlinkLock):
         os.unlink(self._lock_file)
 
 
-def file_backend(path: Path, retry_seconds: float = DEFAULT_RETRY_SECONDS) -> Any:
+class SafeFileBackend(JournalFileBackend):
     """Optuna's JournalFileBackend, made safe where Optuna's is not (it writes and reads as ever):
 
     - appends are whole or nothing: Optuna writes a batch with one buffered write, and a write cut
@@ -95,54 +97,56 @@ def file_backend(path: Path, retry_seconds: float = DEFAULT_RETRY_SECONDS) -> An
     - errors reach sweep as Optuna's StorageInternalError (the cause chained): a fault of the
       storage, never of the trial that was writing.
     """
-    from optuna.exceptions import StorageInternalError
-    from optuna.storages.journal import JournalFileBackend
 
-    def storage_error(what: str, exc: BaseException) -> StorageInternalError:
-        return StorageInternalError(f"cannot {what} the journal {path}: {type(exc).__name__}: {exc}")
+    def __init__(self, path: Path, retry_seconds: float = DEFAULT_RETRY_SECONDS) -> None:
+        super().__init__(str(path), lock_obj=HolderLock(str(path)))
+        self.path, self.retry_seconds = path, retry_seconds
 
-    class SafeFileBackend(JournalFileBackend):
-        def read_logs(self, log_number_from: int) -> Any:
-            outages = Outages(retry_seconds)
-            try:
-                return iter(outages.call(lambda: list(super(SafeFileBackend, self).read_logs(log_number_from)),
-                                         what="reading the journal"))
-            except (OSError, ValueError) as exc:
-                raise storage_error("read", exc) from exc
+    def _error(self, what: str, exc: BaseException) -> StorageInternalError:
+        return StorageInternalError(f"cannot {what} the journal {self.path}: {type(exc).__name__}: {exc}")
 
-        def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            import json
+    def read_logs(self, log_number_from: int) -> Any:
+        outages = Outages(self.retry_seconds)
+        try:
+            return iter(outages.call(lambda: list(super(SafeFileBackend, self).read_logs(log_number_from)),
+                                     what="reading the journal"))
+        except (OSError, ValueError) as exc:
+            raise self._error("read", exc) from exc
 
-            line = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
-            wrote = False
-            try:
-                self._lock.acquire()  # as Optuna's get_lock_file, but a release after a write that landed
-                try:              # may fail (the lock was broken meanwhile): the entry is in, go on
-                    fd = os.open(self._file_path, os.O_RDWR | os.O_APPEND)  # unbuffered: nothing flushed later
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        line = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
+        wrote = False
+        try:
+            self._lock.acquire()  # as Optuna's get_lock_file, but a release after a write that landed
+            try:              # may fail (the lock was broken meanwhile): the entry is in, go on
+                fd = os.open(self._file_path, os.O_RDWR | os.O_APPEND)  # unbuffered: nothing flushed later
+                try:
+                    _cut_torn_tail(fd)
+                    size, done = os.fstat(fd).st_size, 0
                     try:
-                        _cut_torn_tail(fd)
-                        size, done = os.fstat(fd).st_size, 0
-                        try:
-                            while done < len(line):
-                                done += os.write(fd, line[done:])
-                            os.fsync(fd)
-                            wrote = True
-                        except BaseException:
-                            if os.fstat(fd).st_size <= size + done:  # no other host appended meanwhile
-                                os.ftruncate(fd, size)
-                            raise
-                    finally:
-                        os.close(fd)
+                        while done < len(line):
+                            done += os.write(fd, line[done:])
+                        os.fsync(fd)
+                        wrote = True
+                    except BaseException:
+                        if os.fstat(fd).st_size <= size + done:  # no other host appended meanwhile
+                            os.ftruncate(fd, size)
+                        raise
                 finally:
-                    try:
-                        self._lock.release()
-                    except RuntimeError:  # Optuna's lock, broken by another host while this one held it
-                        if not wrote:
-                            raise
-            except (OSError, RuntimeError) as exc:
-                raise storage_error("append to", exc) from exc
+                    os.close(fd)
+            finally:
+                try:
+                    self._lock.release()
+                except RuntimeError:  # Optuna's lock, broken by another host while this one held it
+                    if not wrote:
+                        raise
+        except (OSError, RuntimeError) as exc:
+            raise self._error("append to", exc) from exc
 
-    return SafeFileBackend(str(path), lock_obj=HolderLock(str(path)))
+
+
+def file_backend(path: Path, retry_seconds: float = DEFAULT_RETRY_SECONDS) -> SafeFileBackend:
+    return SafeFileBackend(path, retry_seconds)
 
 
 def _cut_torn_tail(fd: int) -> None:

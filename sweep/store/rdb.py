@@ -221,8 +221,6 @@ class RDB:
     """The storage interface (backend.py) for Optuna's RDBStorage: any SQLAlchemy URL. Its readers
     query Optuna's tables narrowly (rdb_tables.py)."""
 
-    kind = "database"
-
     def initialised(self, config: Config) -> bool:
         return initialised(config)
 
@@ -241,6 +239,9 @@ class RDB:
 
     def has_claims(self, storage: Any) -> bool:
         return has_claims(storage.engine)
+
+    def start_warning(self, config: Config) -> str | None:
+        return sqlite_on_network(config)
 
     def close(self, storage: Any) -> None:
         storage.engine.dispose()
@@ -262,6 +263,9 @@ class RDB:
     def study_system_attrs(self, storage: Any, study_id: int, prefix: str) -> dict[str, Any]:
         return rdb_tables.study_system_attrs(storage.engine, study_id, prefix)
 
+    def check_reopenable(self, storage: Any) -> None:
+        pass  # the one write sweep makes to Optuna's tables itself (rdb_tables.reopen_failed)
+
     def reopen_failed(self, storage: Any, study_id: int, number: int, keep_through: int | None,
-                      attrs: dict[str, Any], check_only: bool = False) -> bool:
-        return check_only or rdb_tables.reopen_failed(storage.engine, study_id, number, keep_through, attrs)
+                      attrs: dict[str, Any]) -> bool:
+        return rdb_tables.reopen_failed(storage.engine, study_id, number, keep_through, attrs)

@@ -38,7 +38,7 @@ class Session:
         self.config = config
         self.backend = backend_for(config.storage)  # the kind of storage (backend.py): never asked which
         self._step_watchers: list[Callable[[int, int], None]] = []  # see watch_steps
-        self._storage: optuna.storages.RDBStorage | None = None
+        self._storage: optuna.storages.BaseStorage | None = None
         self._study: optuna.Study | None = None
         self._study_id: int | None = None
         self._claims: Leases | None = None
@@ -228,7 +228,7 @@ class Session:
 
     def check_reopenable(self) -> None:
         """Raise UsageError where the storage never changes a finished trial (a journal)."""
-        self.backend.reopen_failed(self.storage, self.study_id, -1, None, {}, check_only=True)
+        self.backend.check_reopenable(self.storage)
 
     def reopen_failed(self, number: int, keep_through: int | None, attrs: dict[str, Any]) -> bool:
         """FAIL trial `number` back to RUNNING with its retry's record `attrs`, its reports past
