@@ -156,7 +156,8 @@ class StudySession:
         warning = self._session.backend.start_warning(self.config)  # e.g. SQLite on a network filesystem
         if warning is not None:
             log.warning(warning)
-        preflight.check(self.config)
+        if preflight.needed(plan):
+            preflight.check(self.config)
         return plan
 
     def plan(self) -> Plan:
@@ -174,7 +175,7 @@ class StudySession:
         check_config(self.config)  # sampler/pruner arguments, as `run` checks them first
         tier_class(self.config)  # and the tier of checkpoint.remote
         plan = plan_lib.make(self._session)
-        if not plan.refused:
+        if not plan.refused and preflight.needed(plan):
             preflight.check(self.config)
         return plan
 

@@ -54,6 +54,20 @@ def define_by_run_point(config: Config) -> dict[str, Any]:
     return params
 
 
+def needed(plan: Any) -> bool:
+    """Whether `run` (and `plan`) must check the trial's code before going on: not where nothing
+    will train (every trial finished), nor where the study already ran this very code (the trial's
+    own modules, by their sha256: sweep/trial/code.py). That code passed this check when the study
+    was started, and every change that could make it fail now is refused or recorded first: a
+    trial-defining key of the study file (exit 2), or the code itself (a new sha256: checked again).
+    A resume then starts ~1 s sooner (the trial's data, init and one abstract step: measured in
+    benchmarks/RESULTS.md, "Start-up of a process")."""
+    if not plan.has_work:
+        return False
+    stored, now = plan.stored_code or {}, plan.code
+    return not (plan.exists and stored.get("code_sha256") and stored["code_sha256"] == now.get("code_sha256"))
+
+
 def check(config: Config) -> None:
     """Raise ConfigError if the trial's code cannot train or evaluate (see the module docstring);
     also where it exits (sys.exit, os._exit) or its data() hangs past data_timeout_seconds.

@@ -175,3 +175,34 @@ def test_a_trial_that_leaves_a_thread_running_is_told_in_process(tmp_path, monke
         sys.modules["mis_left"].LEFT.set()
     assert [m for m in messages(sweep_log) if "thread" in m] == [
         "trial 0: its code left 1 thread running (waiting); the run does not wait for them at exit"]
+
+
+def test_the_checks_before_a_run_trace_each_trial_code_once_and_changed_code_again(tmp_path, monkeypatch):
+    """`run` checks the trial's code (an abstract step) when the study is new and whenever that code
+    changed; a resume or more trials of code the study already ran start without it, and a study with
+    nothing left to train checks nothing (sweep.run.preflight.needed)."""
+    import sweep
+
+    monkeypatch.chdir(tmp_path)
+    checked: list[int] = []
+    real = preflight._check
+    monkeypatch.setattr(preflight, "_check", lambda config: (checked.append(config.study.n_trials), real(config)))
+    path = write_study(tmp_path, "mis_once", fixed={"mode": "ok"})
+
+    def run(n_trials: int) -> None:
+        data = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**data, "n_trials": n_trials}, sort_keys=False))
+        with sweep.open(path) as session:
+            session.run(quiet=True, progress=False)
+
+    run(1)
+    run(2)  # one more trial of the same code
+    run(2)  # nothing left to train
+    assert checked == [1]
+    with sweep.open(path) as session:
+        assert not session.plan().has_work and checked == [1]  # `plan` follows the same rule
+    trial_file = tmp_path / "mis_once.py"
+    trial_file.write_text(trial_file.read_text() + "\n# an edit: other code\n")
+    run(3)
+    assert checked == [1, 3]
+    assert [t.state.name for t in study_of(path).trials] == ["COMPLETE"] * 3
