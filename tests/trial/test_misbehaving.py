@@ -177,10 +177,10 @@ def test_a_trial_that_leaves_a_thread_running_is_told_in_process(tmp_path, monke
         "trial 0: its code left 1 thread running (waiting); the run does not wait for them at exit"]
 
 
-def test_the_checks_before_a_run_trace_each_trial_code_once_and_changed_code_again(tmp_path, monkeypatch):
-    """`run` checks the trial's code (an abstract step) when the study is new and whenever that code
-    changed; a resume or more trials of code the study already ran start without it, and a study with
-    nothing left to train checks nothing (sweep.run.preflight.needed)."""
+def test_the_checks_before_a_run_skip_a_study_with_nothing_left_to_train(tmp_path, monkeypatch):
+    """`run` checks the trial's code (an abstract step) wherever a trial will train, edited code
+    included; a study with nothing left to train checks nothing, in `run` or `plan`
+    (sweep.run.preflight.needed)."""
     import sweep
 
     monkeypatch.chdir(tmp_path)
@@ -196,13 +196,13 @@ def test_the_checks_before_a_run_trace_each_trial_code_once_and_changed_code_aga
             session.run(quiet=True, progress=False)
 
     run(1)
-    run(2)  # one more trial of the same code
-    run(2)  # nothing left to train
+    run(1)  # nothing left to train
     assert checked == [1]
     with sweep.open(path) as session:
         assert not session.plan().has_work and checked == [1]  # `plan` follows the same rule
+    run(2)  # one more trial
     trial_file = tmp_path / "mis_once.py"
     trial_file.write_text(trial_file.read_text() + "\n# an edit: other code\n")
     run(3)
-    assert checked == [1, 3]
+    assert checked == [1, 2, 3]
     assert [t.state.name for t in study_of(path).trials] == ["COMPLETE"] * 3
