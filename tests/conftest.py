@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import logging
 import os
@@ -207,11 +208,54 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+# The CLI processes of tests are forked from a server that imported JAX, Optuna... once (tests/zygote.py:
+# ~2 s of CPU less per process); SWEEP_TEST_FORKSERVER=0 starts each through exec instead.
+_ZYGOTE: dict[str, Any] = {}
+
+
+def _zygote() -> str | None:
+    """The fork server's socket, started at the first call of this pytest process; None where it is off."""
+    if os.environ.get("SWEEP_TEST_FORKSERVER", "1") == "0":
+        return None
+    if "socket" not in _ZYGOTE:
+        folder = Path(tempfile.mkdtemp(prefix="sweep-zygote-"))
+        env = cli_env()
+        server = subprocess.Popen([sys.executable, "-c", "from tests.zygote import serve; serve()", str(folder / "s")],
+                                  cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None
+        answer = server.stdout.readline().strip()
+        if answer != "ready":
+            raise RuntimeError(f"the tests' fork server did not start ({answer or server.wait()}); "
+                               "SWEEP_TEST_FORKSERVER=0 runs the suite without it")
+        _ZYGOTE.update(socket=str(folder / "s"), env=env, server=server)
+        atexit.register(shutil.rmtree, folder, True)  # the server ends with this process (its stdin closes)
+    return _ZYGOTE["socket"]
+
+
+def popen_cli(args: Any, cwd: Path | None, env: dict[str, str] | None) -> Any:
+    """`python -m sweep ARGS` started with pipes for stdout and stderr (text): forked from the fork
+    server where the environment allows (tests.zygote.needs_exec), else a subprocess.Popen."""
+    from tests import zygote
+
+    full = {**cli_env(), **(env or {})}
+    argv = [str(a) for a in args]
+    server = _zygote()
+    if server is not None and zygote.needs_exec(full, _ZYGOTE["env"]) is None:
+        return zygote.Forked(server, argv, str(Path(cwd or os.getcwd()).resolve()), full)
+    return subprocess.Popen([sys.executable, "-m", "sweep", *argv], cwd=cwd, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m sweep ARGS`; `env`: extra environment variables."""
-    return subprocess.run([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd, env={**cli_env(), **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+    proc = popen_cli(args, cwd, env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess([str(a) for a in args], proc.wait(), out, err)
 
 
 def cli_here(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -271,9 +315,7 @@ class Running:
     """
 
     def __init__(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "sweep", *map(str, args)], cwd=cwd,
-                                     env={**cli_env(), **(env or {})},
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = popen_cli(args, cwd, env)
         self.lines: list[str] = []
         self.times: list[float] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -400,19 +442,28 @@ def cache_env(path: Path) -> dict[str, str]:
 
 def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, env: dict[str, str] | None = None,
                         rounds: int = 4) -> int:
-    """Run the study and send it `signum` `rounds` times: first right after a line matching
-    `first`, then at a random moment (seeded) within 0.4 s of a trial starting, going on,
-    resuming or training again; stops early once a run finishes by itself. The interruptions."""
+    """Run the study and send it `signum` `rounds` times, each at an event: first right after a
+    line matching `first`; then right after the next line of a trial starting, going on, resuming
+    or training again; then, by a seeded choice, either at such a line or once that trial's next
+    save is committed (mid-training). Stops early once a run finishes by itself. The
+    interruptions: at least two where the study has a trial left after `first`, on any machine,
+    since each comes at a line the run writes before that trial's work, not after a time."""
     rng = random.Random(seed)
     kills = 0
-    for pattern in [first, *[r"trial \d+: (started|goes on|promoted|resumed|training again)"] * (rounds - 1)]:
+    for i, pattern in enumerate([first, *[r"trial (\d+): (started|goes on|promoted|resumed|training again)"] * (rounds - 1)]):
         proc = Running("run", study_file, cwd=study_file.parent, env=env)
         try:
-            proc.wait_for(pattern, timeout=120)
+            match = proc.wait_for(pattern, timeout=120)
         except AssertionError:  # finished before: nothing left to interrupt
             assert proc.finish() == 0, proc.stderr
             break
-        time.sleep(0 if kills == 0 else rng.uniform(0.0, 0.4))  # a short study ends within a second
+        if i >= 2 and rng.random() < 0.5:  # at that trial's next committed save
+            folder = checkpoint_dir(study_file, int(match.group(1)))
+            committed = [int(p.name) for p in folder.glob("*") if p.name.isdigit()] if folder.exists() else []
+            try:
+                wait_for_checkpoint(folder, max(committed, default=-1) + 1, timeout=120, proc=proc)
+            except AssertionError:  # the run ended first
+                pass
         if proc.proc.poll() is not None:
             assert proc.finish() == 0, proc.stderr
             break

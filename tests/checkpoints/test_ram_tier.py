@@ -65,6 +65,7 @@ def _held_at_last_evaluation(path: Path, folder: Path) -> tuple[Running, Path]:
     [ram_dir] = _ram_dirs(Path(yaml.safe_load(path.read_text())["checkpoint"]["ram"]["path"]))
     assert ram_dir.name == "trial_0000"
     wait_for_checkpoint(ram_dir, 30, proc=proc)  # written in the background while the trial waits
+    wait_for_checkpoint(checkpoint_dir(path, 0), 20, proc=proc)  # so is the disk's step 20 (it lagged the RAM's 30 once)
     return proc, ram_dir
 
 

@@ -21,9 +21,32 @@ import optax
 HYPERPARAMETERS = {"learning_rate": 0.05}
 METRICS = ("val_loss", "val_mae")
 MARKERS = False  # the marker files `fault` and `nan` steer evaluation (a host callback in it)
+VIEW = None  # a file name: data() writes there, as JSON, what the process looks like to the code it runs
+
+
+def _view(path):
+    """argv, folder, sys.path's head, the main module, the host name sweep read at its import, an
+    environment variable, stdin and the parent: tests/test_zygote.py compares a CLI process forked
+    by the tests' fork server with an exec'd one."""
+    import json
+    import sys
+    import threading
+
+    import sweep.store.claims
+
+    main = sys.modules["__main__"]
+    view = {"argv": sys.argv, "cwd": os.getcwd(), "path_head": sys.path[:2],
+            "main": [main.__spec__.name if main.__spec__ else None, getattr(main, "__file__", None)],
+            "host": sweep.store.claims.HOST, "marker": os.environ.get("SWEEP_VIEW_MARKER"),
+            "stdin": os.path.realpath("/proc/self/fd/0"), "ppid": os.getppid(),
+            "python_threads": len(threading.enumerate())}
+    with open(path, "w") as f:
+        json.dump(view, f)
 
 
 def data(hp):
+    if VIEW:
+        _view(VIEW)
     rng = np.random.RandomState(0)
     x = rng.normal(size=(64, 4)).astype(np.float32)
     y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.1 * rng.normal(size=64).astype(np.float32)
