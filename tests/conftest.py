@@ -459,7 +459,7 @@ def interrupt_at_random(study_file: Path, signum: int, first: str, seed: int, en
             break
         if i >= 2 and rng.random() < 0.5:  # at that trial's next committed save
             folder = checkpoint_dir(study_file, int(match.group(1)))
-            committed = [int(p.name) for p in folder.glob("*") if p.name.isdigit()] if folder.exists() else []
+            committed = saved_steps(folder) if folder.exists() else []
             try:
                 wait_for_checkpoint(folder, max(committed, default=-1) + 1, timeout=120, proc=proc)
             except AssertionError:  # the run ended first
