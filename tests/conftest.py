@@ -873,3 +873,37 @@ def run_killed(study: dict[str, Any], number: int, step: int) -> None:
 
     with pytest.raises(Killed):
         run(study, on_step=on_step)
+
+
+# --- the scheduler simulator's replays (tests/run/test_simulator.py, tests/schedulers/test_asha.py) ---
+
+_LINES = [  # the run log's line of each decision (sweep/run/worker.py, sweep/schedulers/)
+    (re.compile(r"trial (\d+): started with params"), "start"),
+    (re.compile(r"trial (\d+): promoted from rung (\d+) .*, trains on to step (\d+)"), "promote"),
+    (re.compile(r"trial (\d+): paused at rung (\d+), "), "pause"),
+    (re.compile(r"trial (\d+): paused at rung (\d+) and not promoted: pruned"), "end"),
+    (re.compile(r"trial (\d+): complete, .* (\d+) steps$"), "complete"),
+    (re.compile(r"trial (\d+): pruned, .* (\d+) steps$"), "prune"),
+]
+
+
+def logged_decisions(lines: list[str]) -> list[tuple[Any, ...]]:
+    """(kind, number, step[, to]) of each decision line of a run's log, in order."""
+    out: list[tuple[Any, ...]] = []
+    for line in lines:
+        for pattern, kind in _LINES:
+            m = pattern.search(line)
+            if m:
+                numbers = [int(g) for g in m.groups()]
+                out.append((kind, numbers[0], numbers[1] if len(numbers) > 1 else 0, *numbers[2:]))
+                break
+    return out
+
+
+def simulated(decisions: list[Any]) -> list[tuple[Any, ...]]:
+    return [(d.kind, d.number, d.step, *([d.to] if d.kind == "promote" else [])) for d in decisions]
+
+
+def replay_outcome(found: list[FrozenTrial]) -> list[tuple[Any, ...]]:
+    return [(t.number, t.state.name, t.params, t.value, dict(sorted(t.intermediate_values.items())),
+             t.user_attrs.get("paused_at"), t.user_attrs.get("rung_target")) for t in found]

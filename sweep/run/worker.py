@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import optuna
 from optuna.trial import TrialState
 
 from sweep.checkpoints import retention
@@ -45,6 +46,7 @@ class Claimed:
     number: int
     adopted: bool
     promoted: bool = False  # a paused trial going on from its rung (sweep/schedulers/base.py)
+    asked: optuna.Trial | None = dataclasses.field(default=None, compare=False)  # a new trial: Optuna's handle
 
 
 def run(session: Session, stop: StopSignal) -> None:
@@ -149,12 +151,26 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
             claims.release(claims.key(t.number))
     if _past(deadline):
         return None
+    claimed = decide(session)
+    if claimed is not None:
+        claims.try_take(claims.key(claimed.number))
+    if claimed is not None and claimed.asked is not None:
+        claimed.asked.set_user_attr(CHECKPOINT_DIR, str(config.checkpoint_dir(claimed.number)))
+        claimed.asked.set_user_attr(RESUMES_ATTR, 0)
+    return claimed
+
+
+def decide(session: Session) -> Claimed | None:
+    """A free worker's decision, under the ask lock, once no orphan is left to adopt: the
+    scheduler's promotion of a paused trial, else an enqueued or new trial while fewer than
+    n_trials count, else None (ending the paused trials where nothing can promote them any more).
+    The scheduler simulator (sweep/run/simulator.py) makes its workers' decisions with this too."""
+    config = session.config
     states = session.trial_states()
     trials = session.trials() if config.study.scheduler is not None else []
     paused = scheduler.paused(trials)
     promoted = scheduler.promote_next(session, states, trials)  # the scheduler's decision before any new trial
     if promoted is not None:
-        claims.try_take(claims.key(promoted))
         return Claimed(promoted, adopted=False, promoted=True)
     trial = enqueue.ask(session, states, paused)  # enqueued trials first, each exactly once
     if trial is None:
@@ -163,10 +179,7 @@ def _next_trial(session: Session, deadline: float | None) -> Claimed | None:
                 scheduler.finish_paused(session, trials)
             return None
         trial = session.ask()
-    claims.try_take(claims.key(trial.number))
-    trial.set_user_attr(CHECKPOINT_DIR, str(config.checkpoint_dir(trial.number)))
-    trial.set_user_attr(RESUMES_ATTR, 0)
-    return Claimed(trial.number, adopted=False)
+    return Claimed(trial.number, adopted=False, asked=trial)
 
 
 def _told(session: Session, number: int, outcome: Outcome) -> float | list[float]:

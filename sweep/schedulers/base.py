@@ -36,6 +36,10 @@ class Scheduler(SchedulerKeys):
     any moment and the same command again make the same ones."""
 
     pause_word: ClassVar[str] = "rung"  # what the log calls the step a trial pauses at
+    # Each trial trains along its own learning curve, paused and continued: the scheduler simulator
+    # (sweep/run/simulator.py) can replay it on tabulated curves. False where a trial may take over
+    # another's state (pbt's exploits).
+    follows_curves: ClassVar[bool] = True
 
     @abc.abstractmethod
     def pause_at(self, config: Config, trial: FrozenTrial) -> int | None:

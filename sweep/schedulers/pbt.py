@@ -69,6 +69,7 @@ class Pbt(base.Scheduler):
     resample_probability: Annotated[float, Field(ge=0, le=1)] = 0.25  # else perturbed
 
     first_key = "interval_steps"
+    follows_curves = False  # an exploit copies another member's state (sweep/run/simulator.py cannot replay it)
     first_what = "the first interval"
     pause_word = "step"
 

@@ -5,6 +5,7 @@ keeps what a paused trial needs, and bad study files exit 2."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -12,8 +13,11 @@ from typing import Any
 
 import pytest
 
-from conftest import cache_env, cli_here, interrupt_at_random, kill9, ran, refused, run_cli, Running, study_in, study_of
+from conftest import (cache_env, cli_here, interrupt_at_random, kill9, logged_decisions, refused, replay_outcome, run_cli,
+                      Running, simulated, study_in, study_of)
 from sweep.__main__ import main
+from sweep.run.simulator import Recorded, simulate
+from sweep.study import config as config_lib
 
 # Rungs at 100 and 200 of 400 steps, eta 2: with 5 trials some stay paused, some go on. One
 # sampled float (traced: one compilation per process); the same initialisation and data order for
@@ -66,7 +70,12 @@ def _check_pauses(trials: list[Any]) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ran(_write(tmp_path_factory.mktemp("asha")))
+    """The uninterrupted run's study file; its log (stderr) is run.log beside it."""
+    study = _write(tmp_path_factory.mktemp("asha"))
+    result = run_cli("run", study, cwd=study.parent)
+    assert result.returncode == 0, result.stderr
+    (study.parent / "run.log").write_text(result.stderr)
+    return study
 
 
 @pytest.mark.slow
@@ -78,6 +87,7 @@ def test_asha_pauses_promotes_and_a_promoted_trial_equals_a_straight_run(uninter
     promoted = [t for t in trials if t.user_attrs.get("promoted_at")]
     assert promoted and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
     _check_pauses(trials)
+
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     assert complete and all(t.user_attrs["paused_at"] == [100, 200] for t in complete)
     # status shows each trial's path through the rungs: a COMPLETE one went on from both to the end
@@ -96,6 +106,23 @@ def test_asha_pauses_promotes_and_a_promoted_trial_equals_a_straight_run(uninter
     assert ref.params == best.params and "paused_at" not in ref.user_attrs
     assert ref.intermediate_values == best.intermediate_values and ref.value == best.value
     assert ref.user_attrs["best_step"] == best.user_attrs["best_step"]
+
+
+@pytest.mark.slow
+def test_the_simulator_replays_the_real_asha_run_to_its_decisions(uninterrupted):
+    """The scheduler simulator (sweep/run/simulator.py) on the real digits run's own curves makes
+    its starts, pauses, promotions and ends in the same order, with the same params and results."""
+    real = sorted(study_of(uninterrupted).trials, key=lambda t: t.number)
+    logged = logged_decisions((uninterrupted.parent / "run.log").read_text().splitlines())
+    assert {"start", "pause", "promote"} <= {d[0] for d in logged}, logged
+    here = os.getcwd()
+    os.chdir(uninterrupted.parent)  # the study file's relative paths, as its run read them
+    try:
+        sim = simulate(config_lib.load(uninterrupted, import_trial=False), Recorded(real))
+    finally:
+        os.chdir(here)
+    assert simulated(sim.decisions) == logged
+    assert replay_outcome(sim.trials) == replay_outcome(real)
 
 
 @pytest.mark.slow
