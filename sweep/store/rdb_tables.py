@@ -116,6 +116,11 @@ def read_trials(engine: Any, study_id: int, states: Sequence[Any] | None, prefix
             sysattrs.c.trial_id.in_(ids)).order_by(sysattrs.c.trial_system_attribute_id)).all()
     parts: dict[int, dict[str, Any]] = {row[0]: {"params": {}, "dists": {}, "values": {}, "inter": {}, "user": {},
                                                  "system": {}} for row in found}
+    # Each statement reads the trials committed by its own start (SQLite outside a transaction,
+    # PostgreSQL's read committed): a trial a worker created after the first one is in the later
+    # ones' rows, not in `found`. It is left to the next read (status under 4 workers: KeyError).
+    param_rows, value_rows, inter_rows, attr_rows, sys_rows = (
+        [row for row in rows if row[0] in parts] for rows in (param_rows, value_rows, inter_rows, attr_rows, sys_rows))
     dists: dict[str, Any] = {}  # distribution JSON -> distribution (the same few for every trial)
     for tid, name, value, js in param_rows:
         d = dists.get(js) or dists.setdefault(js, dist_lib.json_to_distribution(js))
