@@ -1,0 +1,177 @@
+"""Schedulers against Optuna's pruners on tabulated learning curves, in the scheduler simulator
+(sweep/run/simulator.py): every method decides with its real code, at the same budget of training
+steps, over many seeds (issue 40).
+
+    .venv/bin/python benchmarks/scheduler_sim.py --family lcbench --tasks 3945,34539 --seeds 0-19
+
+Families: `lcbench` (YAHPO Gym's LCBench surrogate, benchmarks/lcbench.py: 52 epochs, one step an
+epoch, val_cross_entropy). For each (task, seed, method) it records the best value reported
+within 10, 25, 50 and 100% of the budget; the report gives the mean normalized regret
+((best - y*) / (y_worst - y*), y* and y_worst: the best and the median final value of 10,000
+random configurations of the task) and the mean rank across methods, with bootstrap 95%
+intervals over (task, seed), as Syne Tune's benchmarking reports do. Results go to a JSON file
+(`--out`), which `--report` prints again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import optuna
+import scipy.stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sweep.run.simulator import Curve, simulate  # noqa: E402
+from sweep.study import config as config_lib  # noqa: E402
+
+FRACTIONS = (0.1, 0.25, 0.5, 1.0)
+WORKERS = 4
+FULL_TRIALS = 30  # the budget: this many trials' worth of steps
+
+
+def methods(steps: int, min_steps: int) -> dict[str, dict[str, Any]]:
+    """Each method's study-file keys (sampler, pruner, scheduler)."""
+    tpe = {"type": "tpe", "n_startup_trials": 10}
+    return {
+        "random": {"sampler": {"type": "random"}},
+        "tpe+sha": {"sampler": tpe, "pruner": {"type": "successive_halving", "min_resource": min_steps,
+                                                "reduction_factor": 3}},
+        "tpe+hyperband": {"sampler": tpe, "pruner": {"type": "hyperband", "min_resource": min_steps,
+                                                      "max_resource": steps, "reduction_factor": 3}},
+        "tpe+median": {"sampler": tpe, "pruner": {"type": "median", "n_startup_trials": 5,
+                                                   "n_warmup_steps": min_steps}},
+        "asha": {"sampler": tpe, "scheduler": {"type": "asha", "min_steps": min_steps, "reduction_factor": 3}},
+        "hyperband": {"sampler": tpe, "scheduler": {"type": "hyperband", "min_steps": min_steps,
+                                                    "reduction_factor": 3}},
+        "freeze_thaw": {"sampler": tpe, "scheduler": {"type": "freeze_thaw:FreezeThaw", "min_steps": min_steps,
+                                                      "reduction_factor": 3}},
+    }
+
+
+class LCBench:
+    """One LCBench task as a simulator table: a configuration's 52-epoch val_cross_entropy curve and
+    its mean seconds per epoch."""
+
+    steps, min_steps = 52, 1
+
+    def __init__(self, task: str) -> None:
+        import lcbench
+
+        self.task, self.surrogate, self.lcbench = task, lcbench.Surrogate(task), lcbench
+        self.space = lcbench.SPACE
+        final = self.surrogate.curves(lcbench.sample(10_000, 12345))
+        self.y_star, self.y_worst = float(final.min()), float(np.median(final[:, -1]))
+
+    def __call__(self, number: int, params: Mapping[str, Any]) -> Curve:
+        curve = self.surrogate.curves([params])[0]
+        seconds = float(self.surrogate.times([params])[0].mean())
+        return Curve({e + 1: float(v) for e, v in enumerate(curve)}, seconds)
+
+
+def study(bench: Any, method: dict[str, Any], seed: int) -> config_lib.Config:
+    raw = {"name": "sim", "trial": "trials.digits_mlp", "n_trials": 100_000,
+           "objective": {"metric": "val_loss", "direction": "minimize"},
+           "search_space": bench.space, "train": {"steps": bench.steps, "eval_every": 1}, **method}
+    raw["sampler"] = {**raw["sampler"], "seed": seed}
+    return config_lib.from_dict(raw, import_trial=False)
+
+
+def best_within(sim: Any, budget: int) -> list[float]:
+    """The best value reported within each fraction of the budget."""
+    out = []
+    for f in FRACTIONS:
+        values = [r.value for r in sim.reports if r.used <= f * budget]
+        out.append(min(values) if values else float("inf"))
+    return out
+
+
+def run_one(bench: Any, name: str, method: dict[str, Any], seed: int) -> dict[str, Any]:
+    budget = FULL_TRIALS * bench.steps
+    start = time.perf_counter()
+    sim = simulate(study(bench, method, seed), bench, workers=WORKERS, max_steps=budget)
+    return {"method": name, "seed": seed, "best": best_within(sim, budget), "trials": len(sim.trials),
+            "seconds": time.perf_counter() - start, "y_star": bench.y_star, "y_worst": bench.y_worst}
+
+
+def bootstrap(values: np.ndarray, rng: np.random.RandomState, n: int = 1000) -> tuple[float, float]:
+    means = values[rng.randint(len(values), size=(n, len(values)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def report(results: list[dict[str, Any]], out: Callable[[str], None] = print) -> None:
+    names = list(dict.fromkeys(r["method"] for r in results))
+    keys = sorted({(r["task"], r["seed"]) for r in results})
+    rng = np.random.RandomState(0)
+    table = {(r["task"], r["seed"], r["method"]): r for r in results}
+    regret = {m: np.array([[(table[k + (m,)]["best"][i] - table[k + (m,)]["y_star"])
+                            / (table[k + (m,)]["y_worst"] - table[k + (m,)]["y_star"])
+                            for i in range(len(FRACTIONS))] for k in keys]) for m in names}
+    stacked = np.stack([regret[m] for m in names])  # (methods, runs, fractions)
+    ranks = scipy.stats.rankdata(stacked, axis=0)  # ties share their mean rank
+    out(f"{len(keys)} (task, seed) pairs; budget {FULL_TRIALS} full trials of steps; {WORKERS} workers")
+    out("| method | " + " | ".join(f"regret @{int(f * 100)}%" for f in FRACTIONS) + " | "
+        + " | ".join(f"rank @{int(f * 100)}%" for f in FRACTIONS) + " |")
+    out("|---" * (1 + 2 * len(FRACTIONS)) + "|")
+    for j, m in enumerate(names):
+        cells = []
+        for i in range(len(FRACTIONS)):
+            lo, hi = bootstrap(regret[m][:, i], rng)
+            cells.append(f"{regret[m][:, i].mean():.4f} [{lo:.4f}, {hi:.4f}]")
+        for i in range(len(FRACTIONS)):
+            lo, hi = bootstrap(ranks[j, :, i], rng)
+            cells.append(f"{ranks[j, :, i].mean():.2f} [{lo:.2f}, {hi:.2f}]")
+        out(f"| {m} | " + " | ".join(cells) + " |")
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text:
+        a, b = text.split("-")
+        return list(range(int(a), int(b) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def main() -> None:
+    global FULL_TRIALS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", default="lcbench", choices=["lcbench"])
+    parser.add_argument("--tasks", default="3945")
+    parser.add_argument("--seeds", default="0-1")
+    parser.add_argument("--methods", default=None, help="comma-separated; default: all")
+    parser.add_argument("--budget", type=int, default=FULL_TRIALS, help="full trials' worth of steps")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--report", default=None, help="print the report of a results file")
+    args = parser.parse_args()
+    FULL_TRIALS = args.budget
+    if args.report:
+        report(json.loads(Path(args.report).read_text()))
+        return
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("sweep").setLevel(logging.WARNING)
+    results: list[dict[str, Any]] = []
+    for task in args.tasks.split(","):
+        bench = LCBench(task)
+        chosen = methods(bench.steps, bench.min_steps)
+        if args.methods:
+            chosen = {k: v for k, v in chosen.items() if k in args.methods.split(",")}
+        for seed in _seeds(args.seeds):
+            for name, method in chosen.items():
+                r = {"task": task, **run_one(bench, name, method, seed)}
+                results.append(r)
+                print(f"{task} seed {seed} {name:14s} best@100% {r['best'][-1]:.4f} ({r['trials']} trials, "
+                      f"{r['seconds']:.1f} s)", flush=True)
+                if args.out:
+                    Path(args.out).write_text(json.dumps(results))
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
