@@ -98,7 +98,7 @@ def run_one(bench: Any, name: str, method: dict[str, Any], seed: int) -> dict[st
     budget = FULL_TRIALS * bench.steps
     start = time.perf_counter()
     sim = simulate(study(bench, method, seed), bench, workers=WORKERS, max_steps=budget)
-    return {"method": name, "seed": seed, "best": best_within(sim, budget), "trials": len(sim.trials),
+    return {"method": name, "seed": seed, "budget": FULL_TRIALS, "best": best_within(sim, budget), "trials": len(sim.trials),
             "seconds": time.perf_counter() - start, "y_star": bench.y_star, "y_worst": bench.y_worst}
 
 
@@ -117,7 +117,8 @@ def report(results: list[dict[str, Any]], out: Callable[[str], None] = print) ->
                             for i in range(len(FRACTIONS))] for k in keys]) for m in names}
     stacked = np.stack([regret[m] for m in names])  # (methods, runs, fractions)
     ranks = scipy.stats.rankdata(stacked, axis=0)  # ties share their mean rank
-    out(f"{len(keys)} (task, seed) pairs; budget {FULL_TRIALS} full trials of steps; {WORKERS} workers")
+    budgets = sorted({r.get("budget", FULL_TRIALS) for r in results})
+    out(f"{len(keys)} (task, seed) pairs; budget {budgets} full trials of steps; {WORKERS} workers")
     out("| method | " + " | ".join(f"regret @{int(f * 100)}%" for f in FRACTIONS) + " | "
         + " | ".join(f"rank @{int(f * 100)}%" for f in FRACTIONS) + " |")
     out("|---" * (1 + 2 * len(FRACTIONS)) + "|")
