@@ -1,6 +1,7 @@
-"""The scheduler simulator (sweep/run/simulator.py) makes a real run's decisions: a recorded asha
-run, replayed on its own curves, gives the same starts, pauses, promotions and ends in the same
-order, the same params and the same final states and values; bad input is refused by key.
+"""The scheduler simulator (sweep/run/simulator.py) makes a real run's decisions: a recorded asha,
+hyperband or median-pruner run, replayed on its own curves, gives the same starts, pauses,
+promotions, prunes and ends in the same order, the same params and the same final states and
+values; bad input is refused by key.
 
 The fast tier: the recorded run is `worker.run` of the tiny linear trial in this process (the
 slow tier replays the digits MLP's real asha run of tests/schedulers/test_asha.py)."""
@@ -23,13 +24,26 @@ ASHA = {"n_trials": 10, "sampler": {"type": "tpe", "seed": 1, "n_startup_trials"
         "scheduler": {"type": "asha", "min_steps": 10, "reduction_factor": 2},
         "checkpoint": {"every_steps": 10, "keep_last": 1}}
 
-def test_a_recorded_asha_run_replays_to_the_same_decisions(here, sweep_log):
-    study = make_study(here, **ASHA)
+# The same study under hyperband (brackets of the same rungs), and under Optuna's median pruner with
+# no scheduler (its decisions: prune, at a report, against the other trials' reports by then).
+REPLAYED = {
+    "asha": (ASHA, {"start", "pause", "promote", "end", "complete"}),
+    "hyperband": ({**ASHA, "scheduler": {"type": "hyperband", "min_steps": 10, "reduction_factor": 2}},
+                  {"start", "pause", "promote", "complete"}),
+    "median": ({**{k: v for k, v in ASHA.items() if k != "scheduler"},
+                "pruner": {"type": "median", "n_startup_trials": 2, "n_warmup_steps": 10}},
+               {"start", "prune", "complete"}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REPLAYED))
+def test_a_recorded_run_replays_to_the_same_decisions(here, sweep_log, kind):
+    override, kinds = REPLAYED[kind]
+    study = make_study(here, **override)
     run(study)
     real = trials(study)
     logged = logged_decisions(messages(sweep_log))
-    assert [d[0] for d in logged].count("start") == 10 and "promote" in {d[0] for d in logged}
-    assert "end" in {d[0] for d in logged}  # some stayed paused: the end of the study decided too
+    assert [d[0] for d in logged].count("start") == 10 and kinds <= {d[0] for d in logged}, logged
 
     sim = simulate(config_lib.from_dict(study), Recorded(real), workers=1)
     assert simulated(sim.decisions) == logged
