@@ -42,6 +42,7 @@ from sweep.store.record import PAUSED_AT, best_of_reports
 from sweep.store.samplers import RestartProofSampler, build_pruner, build_sampler, suggest_all
 from sweep.store.session import Session
 from sweep.study.config import Config
+from sweep.words import count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Recorded:
     def __call__(self, number: int, params: Mapping[str, Any]) -> Curve:
         recorded = self.trials.get(number)
         if recorded is None:
-            raise KeyError(f"trial {number} is not in the recording ({len(self.trials)} trials)")
+            raise KeyError(f"trial {number} is not in the recording ({count(len(self.trials), 'trial')})")
         if self.same_params and dict(params) != recorded.params:
             raise ValueError(f"trial {number}: the sampler drew {dict(params)}, the recording has {recorded.params}")
         return Curve(dict(recorded.intermediate_values))

@@ -20,6 +20,7 @@ is ranked only against the trials of its own bracket (`Asha.bracket`: 0 for ever
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Annotated, Mapping, Sequence
 
@@ -61,11 +62,7 @@ class Asha(base.Scheduler):
         return self
 
     def rungs(self, steps: int) -> list[int]:
-        out, rung = [], self.first
-        while rung < steps:
-            out.append(rung)
-            rung *= self.reduction_factor
-        return out
+        return list(_rungs(self.first, self.reduction_factor, steps))
 
     def bracket(self, number: int, steps: int) -> int:
         """The bracket of trial `number`, which it is ranked within: 0 for every asha trial."""
@@ -117,19 +114,34 @@ def next_promotion(config: Config, trials: Sequence[FrozenTrial], relaxed: bool 
     `relaxed`: every paused one may go (the best of the highest rung that has one)."""
     s, steps = _scheduler(config), config.study.train.steps
     sign, levels = config.study.objective.sign, s.rungs(steps)
+    paused = {t.number: rung for t in trials if (rung := paused_rung(t)) is not None}
+    if not paused:
+        return None
+    groups: dict[int, list[FrozenTrial]] = {}  # bracket -> its trials
+    for t in trials:
+        groups.setdefault(s.bracket(t.number, steps), []).append(t)
     for i in reversed(range(len(levels))):
         rung = levels[i]
-        groups: dict[int, list[FrozenTrial]] = {}
-        for t in trials:
-            if rung in t.intermediate_values:
-                groups.setdefault(s.bracket(t.number, steps), []).append(t)
+        if rung not in paused.values():  # nothing waits here (the same answer, without the ranking)
+            continue
         found = []
         for group in groups.values():
-            reached = sorted(group, key=lambda t: (sign * t.intermediate_values[rung], t.number))
+            reached = sorted((t for t in group if rung in t.intermediate_values),
+                             key=lambda t: (sign * t.intermediate_values[rung], t.number))
             top = len(reached) if relaxed else len(reached) // s.reduction_factor
             to = s.next_stop(rung, steps)
             found += [Promotion(t.number, rung, to, t.intermediate_values[rung], rank, len(reached))
-                      for rank, t in enumerate(reached[:top]) if paused_rung(t) == rung][:1]
+                      for rank, t in enumerate(reached[:top]) if paused.get(t.number) == rung][:1]
         if found:
             return min(found, key=lambda p: (sign * p.value, p.number))
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _rungs(first: int, factor: int, steps: int) -> tuple[int, ...]:
+    """first * factor**k below steps (a decision asks for every trial's bracket: computed once)."""
+    out, rung = [], first
+    while rung < steps:
+        out.append(rung)
+        rung *= factor
+    return tuple(out)
