@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import math
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import optuna
@@ -162,7 +161,8 @@ def check(config: Config) -> None:
 def simulate(config: Config, table: Table, workers: int = 1, max_steps: int | None = None,
              on_decision: Callable[[Decision], None] | None = None) -> Simulation:
     """Run the study `config` describes on `table`'s curves with `workers` workers, until its
-    n_trials are finished (as `sweep run` does) or `max_steps` training steps have been used.
+    n_trials are finished (as `sweep run` does) or `max_steps` training steps have been used (at
+    the evaluation that used them up, mid-trial as it may be).
 
     Raises:
         ConfigError: see `check`.
@@ -243,6 +243,8 @@ def simulate(config: Config, table: Table, workers: int = 1, max_steps: int | No
         value = float(run.curve.values[step])
         run.trial.report(value, step)
         reports.append(Report(now, used, number, step, value))
+        if max_steps is not None and used >= max_steps:
+            break  # the budget is spent: the study stops here, mid-trial as it may be
         ended = ("pause" if step == run.stop else
                  "prune" if step < steps and run.trial.should_prune() else
                  "complete" if step == steps else None)
@@ -252,8 +254,6 @@ def simulate(config: Config, table: Table, workers: int = 1, max_steps: int | No
             continue
         finish(run, ended)
         del runs[worker]
-        if max_steps is not None and used >= max_steps:
-            break
         # The worker whose trial ended decides first (the others poll), then the waiting ones.
         for w in [worker, *idle]:
             if w in idle:
@@ -261,17 +261,5 @@ def simulate(config: Config, table: Table, workers: int = 1, max_steps: int | No
             if not start(w):
                 if runs:
                     idle.append(w)
-        if max_steps is not None and used >= max_steps:
-            break
     return Simulation(decisions, reports, session.trials(), now, used)
 
-
-def best_so_far(reports: list[Report], sign: int) -> list[tuple[int, float]]:
-    """(training steps used, best value reported so far) at each report that improved it."""
-    out: list[tuple[int, float]] = []
-    best = math.inf
-    for r in reports:
-        if sign * r.value < best:
-            best = sign * r.value
-            out.append((r.used, r.value))
-    return out

@@ -83,7 +83,7 @@ def test_simulations_are_deterministic_and_keep_to_the_budget(here):
     assert first.decisions == second.decisions and first.reports == second.reports
     assert [d.kind for d in first.decisions].count("start") == 60 and first.used > 0
     cut = simulate(config, table, workers=3, max_steps=first.used // 2)
-    assert first.used // 2 <= cut.used < first.used // 2 + 40
+    assert first.used // 2 <= cut.used <= first.used // 2 + 10  # stopped at the evaluation that spent it
     assert cut.decisions == first.decisions[:len(cut.decisions)]  # the same run, stopped early
 
 
