@@ -20,6 +20,7 @@ import yaml
 
 from conftest import Running, checkpoint_dir, kill9, run_cli, study_of
 from sweep.__main__ import main
+from tests.trials.files import write_trial
 from sweep.errors import ConfigError
 from sweep.store.record import MLFLOW_RUN_ID
 from sweep.study import config as config_lib
@@ -112,7 +113,7 @@ def _trial_runs(client: Any, study: str = "t") -> dict[int, Any]:
 
 
 @pytest.mark.slow
-def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server):
+def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server, held):
     """Two trials, trial 0 killed once its MLflow run is recorded and a checkpoint is committed,
     then resumed: each trial is one TensorBoard run and one MLflow run, nested under the study's;
     every metric's curve (the training loss too) is the study's storage step for step, once each;
@@ -123,7 +124,12 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
 
     from sweep.store.record import history
 
-    study = write_study(**LONG, logging={"tensorboard": True, "mlflow": mlflow_server})
+    # The digits MLP held at its 2nd evaluation (step 20000, after the save at 10000) while `hold`
+    # exists (tests/trials/gated.py): trial 0 cannot finish before the writers' thread has recorded
+    # its MLflow run, however loaded the machine (it once did, in 3 s, under two busy processes).
+    study = write_study(trial="gated_digits", **LONG, logging={"tensorboard": True, "mlflow": mlflow_server})
+    write_trial(study.parent, "gated_digits", "gated", AT=2)
+    hold = held(study.parent / "hold")
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
     deadline = time.monotonic() + 300
@@ -135,6 +141,7 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
         assert time.monotonic() < deadline, proc.stderr
         time.sleep(0.02)
     kill9(proc)
+    hold.unlink()
     killed = study_of(study).trials
     assert len(killed) == 1 and killed[0].state.name == "RUNNING", "killed in trial 0"
     run_id = killed[0].user_attrs[MLFLOW_RUN_ID]
