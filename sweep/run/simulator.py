@@ -133,7 +133,6 @@ class SimulatedSession(Session):
 @dataclasses.dataclass
 class _Run:
     """A trial training on a worker: from `step` (its last evaluation) to `stop`."""
-    worker: int
     trial: optuna.Trial
     curve: Curve
     step: int
@@ -210,7 +209,7 @@ def simulate(config: Config, table: Table, workers: int = 1, max_steps: int | No
         else:
             trial = session.handle(claimed.number)
             record("promote", claimed.number, step, stop if stop is not None else steps)
-        run = _Run(worker, trial, curves[claimed.number], step, stop)
+        run = _Run(trial, curves[claimed.number], step, stop)
         runs[worker] = run
         heapq.heappush(events, (now + (next_eval(step, stop) - step) * run.curve.seconds_per_step,
                                 worker, claimed.number))
