@@ -413,13 +413,28 @@ def signalled_after_a_save(study_file: Path, number: int, signum: int, step: int
     return proc
 
 
-def kill_mid_trial(study_file: Path, number: int, min_step: int) -> list[int]:
-    """Run the study and SIGKILL it once trial `number` has a checkpoint >= min_step; its kept steps."""
+def kill_mid_trial(study_file: Path, number: int, min_step: int, hold: Path | None = None) -> list[int]:
+    """Run the study and SIGKILL it once trial `number` has a checkpoint >= min_step; its kept steps.
+    `hold`: the `hold` file of a gated trial (gated_trial), removed after the kill."""
     proc = Running("run", study_file, cwd=study_file.parent)
     proc.wait_for(rf"trial {number}: (started|resumed)")
     wait_for_checkpoint(checkpoint_dir(study_file, number), min_step)
     kill9(proc)
+    if hold is not None:
+        hold.unlink()
     return sorted(int(p.name) for p in checkpoint_dir(study_file, number).iterdir() if p.name.isdigit())
+
+
+def gated_trial(folder: Path, at: int, base: str = "trials.digits_mlp", name: str = "gated_trial") -> str:
+    """Write tests/trials/gated.py into `folder` as module `name` (the study's `trial`): `base`'s
+    code, each process held at its `at`-th evaluation while folder/hold exists (the `held`
+    fixture makes it). A test that waits for a step saved before that evaluation, and then kills
+    or signals the process, knows the trial is mid-way: it cannot have finished meanwhile, however
+    fast or loaded the machine."""
+    from tests.trials.files import write_trial
+
+    write_trial(folder, name, "gated", AT=at, BASE=base)
+    return name
 
 
 def study_in(folder: Path, layer: dict[str, Any], **override: Any) -> Path:

@@ -8,13 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import array_files, checkpoint_dir, kill_mid_trial, run_cli, snapshot
+from conftest import array_files, checkpoint_dir, gated_trial, kill_mid_trial, run_cli, snapshot
 from sweep.checkpoints.folder import TrialCheckpoints
 
 
-def _killed_mid_trial(write_study, min_step: int = 300) -> tuple[Path, Path, list[int]]:
-    study = write_study()
-    steps = kill_mid_trial(study, 1, min_step)
+def _killed_mid_trial(write_study, folder: Path, hold: Path) -> tuple[Path, Path, list[int]]:
+    """BASE_STUDY killed once trial 1 has committed step 300; held meanwhile at the process's 19th
+    evaluation (trial 0's 12, then trial 1's at step 350, after its save at 300), so that the kill
+    lands mid-trial however fast the machine."""
+    study = write_study(trial=gated_trial(folder, 19))
+    steps = kill_mid_trial(study, 1, 300, hold)
     return study, checkpoint_dir(study, 1), steps
 
 
@@ -30,8 +33,8 @@ def _garble(folder: Path) -> int:
 
 
 @pytest.mark.slow
-def test_garbage_in_newest_step_is_quarantined_and_resume_is_bit_identical(write_study, reference):
-    study, ckpt, steps = _killed_mid_trial(write_study)
+def test_garbage_in_newest_step_is_quarantined_and_resume_is_bit_identical(write_study, reference, tmp_path, held):
+    study, ckpt, steps = _killed_mid_trial(write_study, tmp_path, held(tmp_path / "hold"))
     newest, previous = steps[-1], steps[-2]
     assert _garble(ckpt / str(newest)) > 0  # its one file (a small state's layout: compact.py), or Orbax's
     result = run_cli("run", study, cwd=study.parent)
@@ -44,8 +47,8 @@ def test_garbage_in_newest_step_is_quarantined_and_resume_is_bit_identical(write
 
 
 @pytest.mark.slow
-def test_corrupt_metrics_file_is_quarantined_before_orbax_opens_the_folder(write_study, reference):
-    study, ckpt, steps = _killed_mid_trial(write_study)
+def test_corrupt_metrics_file_is_quarantined_before_orbax_opens_the_folder(write_study, reference, tmp_path, held):
+    study, ckpt, steps = _killed_mid_trial(write_study, tmp_path, held(tmp_path / "hold"))
     newest = steps[-1]
     step = ckpt / str(newest)  # the metadata a folder's reader parses first: compact's header, or Orbax's JSON
     target = next(p for p in (step / "state.sweep", step / "metrics" / "metrics", step / "_CHECKPOINT_METADATA")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import checkpoint_dir, cli, kill9, cli_here, run_cli, Running, snapshot, study_of
+from conftest import checkpoint_dir, cli, gated_trial, kill9, cli_here, run_cli, Running, snapshot, study_of
 from sweep.words import numbered
 
 MIRROR = "tests.checkpoints.mirror_tier:MirrorTier"
@@ -41,13 +41,19 @@ def wait_for_mirrored(mirror: Path, trial: str, min_step: int, proc: Running, ti
 
 
 @pytest.mark.slow
-def test_a_tier_from_the_test_folder_commits_and_a_trial_is_taken_over_from_it(write_study, reference, tmp_path):
+def test_a_tier_from_the_test_folder_commits_and_a_trial_is_taken_over_from_it(write_study, reference, tmp_path,
+                                                                                 held):
     mirror = tmp_path / "mirror"
-    study = write_study(**tiered(mirror))
+    # Held at the process's 17th evaluation (trial 0's 12, then trial 1's at step 250, after its
+    # save at 200): the mirror's upload of step 200 (a background thread) cannot lag past trial 1's
+    # end, however loaded the machine.
+    study = write_study(trial=gated_trial(tmp_path, 17), **tiered(mirror))
+    hold = held(tmp_path / "hold")
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 1: started")
     wait_for_mirrored(mirror, "trial_0001", 200, proc)
     kill9(proc)
+    hold.unlink()
     assert study_of(study).trials[1].state.name == "RUNNING"
     committed = mirrored(mirror, "trial_0001")
     shutil.rmtree(checkpoint_dir(study, 1).parent)  # every local checkpoint: this host's disk is new

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Running, cache_env, checkpoint_dir, kill9, run_cli, snapshot, study_in, study_of, \
+from conftest import Running, cache_env, checkpoint_dir, cli_here, gated_trial, kill9, run_cli, snapshot, study_in, study_of, \
     wait_for_checkpoint
 from sweep.__main__ import main
 
@@ -68,19 +68,26 @@ def test_a_scheduler_of_the_test_folder_pauses_promotes_and_finishes_trials(unin
 
 
 @pytest.mark.slow
-def test_a_kill9_mid_promotion_then_the_same_command_equals_an_uninterrupted_run(uninterrupted, tmp_path, capsys):
+def test_a_kill9_mid_promotion_then_the_same_command_equals_an_uninterrupted_run(uninterrupted, tmp_path,
+                                                                                 held):
     """Killed once trial 0, promoted from its stop at 100, has committed a step past it: it is left
     RUNNING, the next run resumes it and the rest as if nothing happened."""
     reference, _ = uninterrupted
-    path = _write(tmp_path)
+    # Held at the process's 9th evaluation (each trial's 2 to its stop at 100; then trial 0 goes on,
+    # evaluating its step 100 again, then 150, then this one, at 200, after its save at 150): killed
+    # mid-promotion however fast the machine.
+    path = _write(tmp_path, trial=gated_trial(tmp_path, 9, name="gated_toy"))  # plan imports it in-process
+    hold = held(tmp_path / "hold")
     proc = Running("run", path, cwd=tmp_path, env=cache_env(reference))
     proc.wait_for(r"trial 0: promoted in number order from step 100")
-    wait_for_checkpoint(checkpoint_dir(path, 0), 150)
+    wait_for_checkpoint(checkpoint_dir(path, 0), 150, proc=proc)
     kill9(proc)
+    hold.unlink()
     states = {t.number: t.state.name for t in study_of(path).trials}
-    assert states[0] == "RUNNING" or "WAITING" in states.values(), states  # the kill left work to do
-    assert main(["plan", str(path)]) == 0
-    assert "paused:  trial 1 at step 100, trial 2 at step 100 (toy scheduler" in capsys.readouterr().out
+    assert states[0] == "RUNNING", states  # the kill left trial 0 mid-promotion
+    plan = cli_here("plan", path, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "paused:  trial 1 at step 100, trial 2 at step 100 (toy scheduler" in plan.stdout
     again = run_cli("run", path, cwd=tmp_path, env=cache_env(reference))
     assert again.returncode == 0, again.stderr
     assert snapshot(path) == snapshot(reference)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import sweep
-from conftest import BASE_STUDY, kill_mid_trial, cli_here, run_cli, study_of
+from conftest import BASE_STUDY, gated_trial, kill_mid_trial, cli_here, run_cli, study_of
 from sweep.commands.status import table
 from sweep.errors import ConfigError
 from sweep.study import config as config_lib
@@ -99,19 +99,22 @@ def test_pareto_front_in_status_and_export_equals_optuna_best_trials(tmp_path, m
 
 
 @pytest.mark.slow
-def test_multi_objective_kill_9_then_run_equals_an_uninterrupted_copy(tmp_path):
-    def digits(folder: Path) -> Path:
+def test_multi_objective_kill_9_then_run_equals_an_uninterrupted_copy(tmp_path, held):
+    def digits(folder: Path, **override: str) -> Path:
         folder.mkdir()
         data = {k: v for k, v in BASE_STUDY.items() if k not in ("objective", "pruner")}
         data.update(objectives=[{"metric": "val_loss"}, {"metric": "val_accuracy", "direction": "maximize"}],
-                    n_trials=2, workdir=str(folder / "runs"), train={**BASE_STUDY["train"], "steps": 400})
+                    n_trials=2, workdir=str(folder / "runs"), train={**BASE_STUDY["train"], "steps": 400}, **override)
         path = folder / "study.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 
-    reference, killed = digits(tmp_path / "reference"), digits(tmp_path / "killed")
+    # The killed copy's process is held at its 5th evaluation (step 250, after its save at 200):
+    # the kill lands mid-trial however fast the machine.
+    reference, killed = digits(tmp_path / "reference"), digits(tmp_path / "killed", trial="gated_trial")
+    gated_trial(killed.parent, 5)
     assert run_cli("run", reference, cwd=reference.parent).returncode == 0
-    kill_mid_trial(killed, 0, 200)
+    kill_mid_trial(killed, 0, 200, held(killed.parent / "hold"))
     result = run_cli("run", killed, cwd=killed.parent)
     assert result.returncode == 0, result.stderr
     assert "trial 0: resumed from step" in result.stderr

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import kill_mid_trial, cli_here, run_cli, snapshot, study_of
+from conftest import gated_trial, kill_mid_trial, cli_here, run_cli, snapshot, study_of
 
 RESNET = {"name": "resnet", "trial": "trials.digits_resnet", "n_trials": 2, "pruner": {"type": "none"},
           "sampler": {"type": "random", "seed": 3},
@@ -41,10 +41,12 @@ def _uninterrupted(write_study, overrides: dict) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", [RESNET, NNX], ids=["resnet-batchnorm", "nnx"])
-def test_kill9_mid_trial_then_rerun_is_bit_identical(write_study, overrides):
+def test_kill9_mid_trial_then_rerun_is_bit_identical(write_study, tmp_path, overrides, held):
     reference = _uninterrupted(write_study, overrides)
-    study = write_study(**overrides)
-    kept = kill_mid_trial(study, 1, 100)
+    # Held at the process's 7th evaluation (trial 0's 4, then trial 1's at step 150, after its save
+    # at 100): killed mid-trial however fast the machine (100 steps were left after the save).
+    study = write_study(**{**overrides, "trial": gated_trial(tmp_path, 7, overrides["trial"])})
+    kept = kill_mid_trial(study, 1, 100, held(study.parent / "hold"))
     assert kept and max(kept) < 200  # killed mid-trial, after a checkpoint with model state
     result = run_cli("run", study, cwd=study.parent)
     assert result.returncode == 0, result.stderr
