@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 import sweep
-from conftest import Running, checkpoint_dir, kill9, kill_mid_trial, run_cli, sigterm_at, snapshot, wait_for_checkpoint
+from conftest import Running, checkpoint_dir, gated_trial, kill9, kill_mid_trial, run_cli, sigterm_at, snapshot, wait_for_checkpoint
 from sweep.train import stream
 
 STREAM = dict(trial="trials.digits_stream", fixed={"batch_size": 32, "data_dir": "data"},
@@ -195,12 +195,15 @@ def _damage_iterator_state(step_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_streaming_trial_killed_damaged_and_sigtermed_at_random_steps_equals_uninterrupted(write_study, reference,
-                                                                                             seed):
+                                                                                             seed, tmp_path, held):
     rng = random.Random(seed)
     kill_at, term_at = rng.choice([200, 300]), rng.choice([100, 200])
     print(f"kill -9 in trial 0 at step >= {kill_at}, SIGTERM in trial 1 at step >= {term_at}")
-    study = write_study(**STREAM)
-    kept = kill_mid_trial(study, 0, kill_at)
+    # Held at the first validation batch of the evaluation at kill_at + 50 (3 batches an
+    # evaluation), after the save at kill_at: the kill lands mid-trial however fast the machine.
+    study = write_study(**{**STREAM, "trial": gated_trial(tmp_path, kill_at // 50 * 3 + 1,
+                                                          STREAM["trial"])})
+    kept = kill_mid_trial(study, 0, kill_at, held(study.parent / "hold"))
     assert len(kept) >= 2 and max(kept) >= kill_at
     # the newest step's iterator state is damaged: it is quarantined like any damaged step
     _damage_iterator_state(checkpoint_dir(study, 0) / str(max(kept)))
@@ -232,16 +235,20 @@ def test_two_workers_stream_and_equal_one_process(write_study, reference):
 
 
 @pytest.mark.slow
-def test_streaming_over_four_devices_resumes_bit_identically(write_study):
+def test_streaming_over_four_devices_resumes_bit_identically(write_study, tmp_path, held):
     four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     settings = {**STREAM, "n_trials": 1, "train": {"steps": 300, "eval_every": 50, "seed": 0, "devices": 4}}
     ref = write_study("reference.yaml", name="ref", **settings)
     assert Running("run", ref, cwd=ref.parent, env=four).finish() == 0
-    study = write_study(**settings)
+    # Held at the first validation batch of the evaluation at step 250 (3 batches an evaluation),
+    # after the save at 200: the kill lands mid-trial however fast the machine.
+    study = write_study(**{**settings, "trial": gated_trial(tmp_path, 13, STREAM["trial"])})
+    hold = held(study.parent / "hold")
     proc = Running("run", study, cwd=study.parent, env=four)
     proc.wait_for(r"trial 0: data parallel: each batch split over 4 devices")
-    wait_for_checkpoint(checkpoint_dir(study, 0), 200)
+    wait_for_checkpoint(checkpoint_dir(study, 0), 200, proc=proc)
     kill9(proc)
+    hold.unlink()
     again = Running("run", study, cwd=study.parent, env=four)
     assert again.finish() == 0, again.stderr
     assert "trial 0: resumed from step" in again.stderr
