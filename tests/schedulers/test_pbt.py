@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import array_files, cache_env, interrupt_at_random, ran, cli_here, refused, run_cli, Running, study_in, study_of
+from conftest import array_files, cache_env, gated_trial, interrupt_at_random, ran, cli_here, refused, run_cli, Running, study_in, study_of
 from sweep.__main__ import main
 from sweep.checkpoints import integrity
 
@@ -161,7 +161,7 @@ def test_pbt_killed_at_random_moments_and_at_exploits_equals_an_uninterrupted_ru
 
 
 @pytest.mark.slow
-def test_a_damaged_donor_checkpoint_is_never_copied(tmp_path):
+def test_a_damaged_donor_checkpoint_is_never_copied(tmp_path, held):
     """The study holds the ask lock (as a second host would) while the last member reaches step
     50; meanwhile the first donor of the worst member gets a damaged file; the exploit then
     quarantines that step and copies the next donor."""
@@ -169,15 +169,20 @@ def test_a_damaged_donor_checkpoint_is_never_copied(tmp_path):
     from sweep.store.session import Session
     from sweep.study import config as config_lib
 
-    path = _write(tmp_path, n_trials=4, scheduler={"type": "pbt", "population": 4, "interval_steps": 1000,
-                                                    "quantile": 0.5},
+    # Held at the process's 61st evaluation (trials 0-2 evaluate 20 times each to their pause at
+    # 1000; this is trial 3's first) until the test holds the ask lock, however fast the machine.
+    path = _write(tmp_path, trial=gated_trial(tmp_path, 61, name="gated_pbt"), n_trials=4,
+                  scheduler={"type": "pbt", "population": 4, "interval_steps": 1000, "quantile": 0.5},
                   train={"steps": 2000}, checkpoint={"every_steps": 1000})
+    hold = held(tmp_path / "hold")
     proc = Running("run", path, cwd=tmp_path)
     proc.wait_for(r"trial 0: started")
-    session = Session(config_lib.load(str(path))).open(create=False)
+    # (the gated module is on the run's current directory, not this process's path)
+    session = Session(config_lib.load(str(path), import_trial=False)).open(create=False)
     try:
-        proc.wait_for(r"trial 3: started")  # 1,000 steps to its pause: time to take the lock first
+        proc.wait_for(r"trial 3: started")
         with session.claims.ask_lock():  # the run cannot record trial 3's pause, nor decide, meanwhile
+            hold.unlink()
             assert not any("trial 3: paused" in line for line in proc.lines), proc.stderr
             deadline = time.monotonic() + 120
             while not (1000 in session.trial(3).intermediate_values and (_folder(path, 3) / "1000").is_dir()):
