@@ -5,12 +5,14 @@ steps, over many seeds (issue 40).
     .venv/bin/python benchmarks/scheduler_sim.py --family lcbench --tasks 3945,34539 --seeds 0-19
 
 Families: `lcbench` (YAHPO Gym's LCBench surrogate, benchmarks/lcbench.py: 52 epochs, one step an
-epoch, val_cross_entropy). For each (task, seed, method) it records the best value reported
-within 10, 25, 50 and 100% of the budget; the report gives the mean normalized regret
-((best - y*) / (y_worst - y*), y* and y_worst: the best and the median final value of 10,000
-random configurations of the task) and the mean rank across methods, with bootstrap 95%
-intervals over (task, seed), as Syne Tune's benchmarking reports do. Results go to a JSON file
-(`--out`), which `--report` prints again.
+epoch, val_cross_entropy; `--tasks` picks its tasks), and `digits_mlp` and `digits_resnet`: the
+curves recorded with sweep itself (Tabulated; one task each, `--tasks` is ignored). For each
+(task, seed, method) it records the best value reported within 10, 25, 50 and 100% of the budget;
+the report gives the mean normalized regret ((best - y*) / (y_worst - y*); y* the best value
+any of 10,000 random configurations of an LCBench task reaches, or any recorded configuration
+reached; y_worst the median final value of those configurations) and the mean
+rank across methods, with bootstrap 95% intervals over (task, seed), as Syne Tune's benchmarking
+reports do. Results go to a JSON file (`--out`), which `--report` prints again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import optuna
@@ -34,6 +36,7 @@ from sweep.run.simulator import Curve, simulate  # noqa: E402
 from sweep.study import config as config_lib  # noqa: E402
 
 FRACTIONS = (0.1, 0.25, 0.5, 1.0)
+GRID = tuple(round(0.05 * k, 2) for k in range(1, 21))  # the figure's budget fractions
 WORKERS = 4
 FULL_TRIALS = 30  # the budget: this many trials' worth of steps
 
@@ -77,18 +80,63 @@ class LCBench:
         return Curve({e + 1: float(v) for e, v in enumerate(curve)}, seconds)
 
 
+class Tabulated:
+    """The curves recorded with sweep itself (benchmarks/record_curves.py -> benchmarks/data/curves/
+    <family>.json): a sampled configuration trains along the curve of the nearest recorded one, as
+    Syne Tune's blackbox repository does for tabulated benchmarks (a 1-nearest-neighbour surrogate).
+    Distance: each numeric parameter scaled to [0, 1] over its range (log-scaled where the space
+    says `log`), a categorical one 0 if equal and 1 if not; ties go to the first recorded."""
+
+    def __init__(self, family: str) -> None:
+        table = json.loads((Path(__file__).resolve().parent / "data" / "curves" / f"{family}.json").read_text())
+        self.task, self.space = family, table["search_space"]
+        self.steps, self.min_steps = table["steps"], table["eval_every"]
+        self.configs = table["configs"]
+        self.numeric = [k for k, v in self.space.items() if v["type"] != "categorical"]
+        self.categorical = [k for k in self.space if k not in self.numeric]
+        self.points = np.array([[self._scale(k, c["params"][k]) for k in self.numeric] for c in self.configs])
+        self.curves = [Curve({int(s): float(v) for s, v in c["values"].items()}, c["seconds_per_step"])
+                       for c in self.configs]
+        finals = np.array([c.values[self.steps] for c in self.curves])
+        self.y_star = float(min(min(c.values.values()) for c in self.curves))
+        self.y_worst = float(np.median(finals))
+
+    def _scale(self, key: str, value: float) -> float:
+        spec = self.space[key]
+        lo, hi, v = float(spec["low"]), float(spec["high"]), float(value)
+        if spec.get("log"):
+            lo, hi, v = np.log(lo), np.log(hi), np.log(v)
+        return (v - lo) / (hi - lo)
+
+    def __call__(self, number: int, params: Mapping[str, Any]) -> Curve:
+        point = np.array([self._scale(k, params[k]) for k in self.numeric])
+        distance = ((self.points - point) ** 2).sum(axis=1)
+        for k in self.categorical:
+            distance += np.array([c["params"][k] != params[k] for c in self.configs], dtype=float)
+        return self.curves[int(np.argmin(distance))]  # argmin: the first of equal distances
+
+
+FAMILIES = ("lcbench", "digits_mlp", "digits_resnet")
+
+
+def benches(family: str, tasks: str) -> list[Any]:
+    if family == "lcbench":
+        return [LCBench(task) for task in tasks.split(",")]
+    return [Tabulated(family)]
+
+
 def study(bench: Any, method: dict[str, Any], seed: int) -> config_lib.Config:
     raw = {"name": "sim", "trial": "trials.digits_mlp", "n_trials": 100_000,
            "objective": {"metric": "val_loss", "direction": "minimize"},
-           "search_space": bench.space, "train": {"steps": bench.steps, "eval_every": 1}, **method}
+           "search_space": bench.space, "train": {"steps": bench.steps, "eval_every": bench.min_steps}, **method}
     raw["sampler"] = {**raw["sampler"], "seed": seed}
     return config_lib.from_dict(raw, import_trial=False)
 
 
-def best_within(sim: Any, budget: int) -> list[float]:
+def best_within(sim: Any, budget: int, fractions: Sequence[float] = FRACTIONS) -> list[float]:
     """The best value reported within each fraction of the budget."""
     out = []
-    for f in FRACTIONS:
+    for f in fractions:
         values = [r.value for r in sim.reports if r.used <= f * budget]
         out.append(min(values) if values else float("inf"))
     return out
@@ -98,7 +146,8 @@ def run_one(bench: Any, name: str, method: dict[str, Any], seed: int) -> dict[st
     budget = FULL_TRIALS * bench.steps
     start = time.perf_counter()
     sim = simulate(study(bench, method, seed), bench, workers=WORKERS, max_steps=budget)
-    return {"method": name, "seed": seed, "budget": FULL_TRIALS, "best": best_within(sim, budget), "trials": len(sim.trials),
+    return {"method": name, "seed": seed, "budget": FULL_TRIALS, "best": best_within(sim, budget),
+            "curve": best_within(sim, budget, GRID), "trials": len(sim.trials),
             "seconds": time.perf_counter() - start, "y_star": bench.y_star, "y_worst": bench.y_worst}
 
 
@@ -107,30 +156,70 @@ def bootstrap(values: np.ndarray, rng: np.random.RandomState, n: int = 1000) -> 
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
+def _regret(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
+    return np.array([(np.asarray(r[key]) - r["y_star"]) / (r["y_worst"] - r["y_star"]) for r in rows])
+
+
+def _by_family(results: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[tuple[str, int]], dict]]:
+    """family -> (methods, (task, seed) keys, (task, seed, method) -> result)."""
+    out = {}
+    for family in dict.fromkeys(r.get("family", "lcbench") for r in results):
+        mine = [r for r in results if r.get("family", "lcbench") == family]
+        out[family] = (list(dict.fromkeys(r["method"] for r in mine)), sorted({(r["task"], r["seed"]) for r in mine}),
+                       {(r["task"], r["seed"], r["method"]): r for r in mine})
+    return out
+
+
 def report(results: list[dict[str, Any]], out: Callable[[str], None] = print) -> None:
-    names = list(dict.fromkeys(r["method"] for r in results))
-    keys = sorted({(r["task"], r["seed"]) for r in results})
-    rng = np.random.RandomState(0)
-    table = {(r["task"], r["seed"], r["method"]): r for r in results}
-    regret = {m: np.array([[(table[k + (m,)]["best"][i] - table[k + (m,)]["y_star"])
-                            / (table[k + (m,)]["y_worst"] - table[k + (m,)]["y_star"])
-                            for i in range(len(FRACTIONS))] for k in keys]) for m in names}
-    stacked = np.stack([regret[m] for m in names])  # (methods, runs, fractions)
-    ranks = scipy.stats.rankdata(stacked, axis=0)  # ties share their mean rank
-    budgets = sorted({r.get("budget", FULL_TRIALS) for r in results})
-    out(f"{len(keys)} (task, seed) pairs; budget {budgets} full trials of steps; {WORKERS} workers")
-    out("| method | " + " | ".join(f"regret @{int(f * 100)}%" for f in FRACTIONS) + " | "
-        + " | ".join(f"rank @{int(f * 100)}%" for f in FRACTIONS) + " |")
-    out("|---" * (1 + 2 * len(FRACTIONS)) + "|")
-    for j, m in enumerate(names):
-        cells = []
-        for i in range(len(FRACTIONS)):
-            lo, hi = bootstrap(regret[m][:, i], rng)
-            cells.append(f"{regret[m][:, i].mean():.4f} [{lo:.4f}, {hi:.4f}]")
-        for i in range(len(FRACTIONS)):
-            lo, hi = bootstrap(ranks[j, :, i], rng)
-            cells.append(f"{ranks[j, :, i].mean():.2f} [{lo:.2f}, {hi:.2f}]")
-        out(f"| {m} | " + " | ".join(cells) + " |")
+    for family, (names, keys, table) in _by_family(results).items():
+        rng = np.random.RandomState(0)
+        regret = {m: _regret([table[k + (m,)] for k in keys], "best") for m in names}
+        stacked = np.stack([regret[m] for m in names])  # (methods, runs, fractions)
+        ranks = scipy.stats.rankdata(stacked, axis=0)  # ties share their mean rank
+        budgets = sorted({r.get("budget", FULL_TRIALS) for r in table.values()})
+        tasks = sorted({k[0] for k in keys})
+        out(f"{family}: {len(keys)} (task, seed) pairs (tasks {', '.join(map(str, tasks))}); budget {budgets} "
+            f"full trials of steps; {WORKERS} workers")
+        out("| method | " + " | ".join(f"regret @{int(f * 100)}%" for f in FRACTIONS) + " | "
+            + " | ".join(f"rank @{int(f * 100)}%" for f in FRACTIONS) + " |")
+        out("|---" * (1 + 2 * len(FRACTIONS)) + "|")
+        for j, m in enumerate(names):
+            cells = []
+            for i in range(len(FRACTIONS)):
+                lo, hi = bootstrap(regret[m][:, i], rng)
+                cells.append(f"{regret[m][:, i].mean():.4f} [{lo:.4f}, {hi:.4f}]")
+            for i in range(len(FRACTIONS)):
+                lo, hi = bootstrap(ranks[j, :, i], rng)
+                cells.append(f"{ranks[j, :, i].mean():.2f} [{lo:.2f}, {hi:.2f}]")
+            out(f"| {m} | " + " | ".join(cells) + " |")
+        out("")
+
+
+def figure(results: list[dict[str, Any]], path: Path) -> None:
+    """Mean normalized regret against the fraction of the budget spent, one panel a family, a
+    bootstrap 95% band a method (the runs that recorded the curve)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = _by_family([r for r in results if "curve" in r])
+    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
+    for ax, (family, (names, keys, table)) in zip(axes[0], families.items()):
+        rng = np.random.RandomState(0)
+        for m in names:
+            regret = _regret([table[k + (m,)] for k in keys], "curve")
+            band = np.array([bootstrap(regret[:, i], rng) for i in range(len(GRID))])
+            ax.plot(GRID, regret.mean(axis=0), label=m)
+            ax.fill_between(GRID, band[:, 0], band[:, 1], alpha=0.15)
+        ax.set_yscale("log")
+        ax.set_title(f"{family} ({len(keys)} runs)")
+        ax.set_xlabel("fraction of the budget (training steps)")
+        ax.set_ylabel("mean normalized regret")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def _seeds(text: str) -> list[int]:
@@ -143,29 +232,33 @@ def _seeds(text: str) -> list[int]:
 def main() -> None:
     global FULL_TRIALS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", default="lcbench", choices=["lcbench"])
+    parser.add_argument("--family", default="lcbench", choices=FAMILIES)
     parser.add_argument("--tasks", default="3945")
     parser.add_argument("--seeds", default="0-1")
     parser.add_argument("--methods", default=None, help="comma-separated; default: all")
     parser.add_argument("--budget", type=int, default=FULL_TRIALS, help="full trials' worth of steps")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--report", default=None, help="print the report of a results file")
+    parser.add_argument("--report", default=None, nargs="+", help="print the report of results files")
+    parser.add_argument("--figure", default=None, type=Path, help="with --report: draw regret against budget (PNG)")
     args = parser.parse_args()
     FULL_TRIALS = args.budget
     if args.report:
-        report(json.loads(Path(args.report).read_text()))
+        results = [r for f in args.report for r in json.loads(Path(f).read_text())]
+        report(results)
+        if args.figure:
+            figure(results, args.figure)
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("sweep").setLevel(logging.WARNING)
     results: list[dict[str, Any]] = []
-    for task in args.tasks.split(","):
-        bench = LCBench(task)
+    for bench in benches(args.family, args.tasks):
+        task = bench.task
         chosen = methods(bench.steps, bench.min_steps)
         if args.methods:
             chosen = {k: v for k, v in chosen.items() if k in args.methods.split(",")}
         for seed in _seeds(args.seeds):
             for name, method in chosen.items():
-                r = {"task": task, **run_one(bench, name, method, seed)}
+                r = {"family": args.family, "task": task, **run_one(bench, name, method, seed)}
                 results.append(r)
                 print(f"{task} seed {seed} {name:14s} best@100% {r['best'][-1]:.4f} ({r['trials']} trials, "
                       f"{r['seconds']:.1f} s)", flush=True)
