@@ -401,13 +401,17 @@ def checkpoint_dir(study: Path | dict[str, Any], number: int) -> Path:
     return Path(workdir) / "checkpoints" / f"trial_{number:04d}"
 
 
-def signalled_after_a_save(study_file: Path, number: int, signum: int, step: int = 100) -> Running:
+def signalled_after_a_save(study_file: Path, number: int, signum: int, step: int = 100,
+                           hold: Path | None = None) -> Running:
     """Run the study and send `signum` once trial `number` has a checkpoint at or past `step` (so it
-    trains, not compiles); the ended run, which exited 128 + signum without a traceback."""
+    trains, not compiles); the ended run, which exited 128 + signum without a traceback. `hold`:
+    the `hold` file of a gated trial (gated_trial), removed after the signal."""
     proc = Running("run", study_file, cwd=study_file.parent)
     proc.wait_for(rf"trial {number}: started")
     wait_for_checkpoint(checkpoint_dir(study_file, number), step)
     proc.signal(signum)
+    if hold is not None:
+        hold.unlink()
     assert proc.finish(timeout=60) == 128 + signum
     assert "Traceback" not in proc.stderr
     return proc

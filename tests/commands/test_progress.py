@@ -9,7 +9,7 @@ import time
 import pytest
 from rich.console import Console
 
-from conftest import Running, checkpoint_dir, kill9, wait_for_checkpoint
+from conftest import Running, checkpoint_dir, gated_trial, kill9, kill_mid_trial, wait_for_checkpoint
 from sweep.commands import progress
 from sweep.store.session import Session
 from sweep.study import config as config_lib
@@ -71,13 +71,11 @@ def test_live_table_redraws_running_trials(write_study):
     assert re.search(r"\b0\b.*\d+/100000", text())
 
 
-def test_resume_decision_is_logged_with_its_step(write_study):
-    study = write_study(n_trials=2)
-    proc = Running("run", study, cwd=study.parent)
-    proc.wait_for(r"trial 1: started")
-    step = wait_for_checkpoint(checkpoint_dir(study, 1), 200)
-    kill9(proc)
-    step = max(int(p.name) for p in checkpoint_dir(study, 1).iterdir() if p.name.isdigit())
+def test_resume_decision_is_logged_with_its_step(write_study, tmp_path, held):
+    # Held at the process's 17th evaluation (trial 0's 12, then trial 1's at step 250, after its
+    # save at 200): the kill lands mid-trial however fast the machine.
+    study = write_study(trial=gated_trial(tmp_path, 17), n_trials=2)
+    step = kill_mid_trial(study, 1, 200, held(tmp_path / "hold"))[-1]
     again = Running("run", study, cwd=study.parent)
     assert again.finish() == 0
     assert "trial 0: finished, skipped" in again.stderr

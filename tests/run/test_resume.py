@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import checkpoint_dir, kill9, kill_mid_trial, cli_here, run_cli, Running, signalled_after_a_save, snapshot, study_of
+from conftest import checkpoint_dir, gated_trial, kill9, kill_mid_trial, cli_here, run_cli, Running, signalled_after_a_save, snapshot, study_of
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -32,9 +32,11 @@ def test_run_uninterrupted_finishes_with_summary(reference):
     assert str(best.params) in stdout
 
 
-def test_run_killed_mid_trial_resumes_from_newest_checkpoint(write_study, reference):
-    study = write_study()
-    newest = kill_mid_trial(study, 1, 200)[-1]
+def test_run_killed_mid_trial_resumes_from_newest_checkpoint(write_study, reference, tmp_path, held):
+    # Held at the process's 17th evaluation (trial 0's 12, then trial 1's at step 250, after its
+    # save at 200): the kill lands mid-trial however fast the machine.
+    study = write_study(trial=gated_trial(tmp_path, 17))
+    newest = kill_mid_trial(study, 1, 200, held(tmp_path / "hold"))[-1]
     assert 200 <= newest < 600
     stderr = _finish(study)
     # Resumed under its own number from the newest checkpoint: the saved steps were not recomputed.
@@ -76,11 +78,14 @@ def test_run_killed_right_after_start_equals_uninterrupted(write_study, referenc
     assert snapshot(study) == reference()
 
 
-def test_sigterm_checkpoints_current_step_and_exits_143(write_study, reference):
-    study = write_study()
-    proc = signalled_after_a_save(study, 1, signal.SIGTERM)  # exit 143
+def test_sigterm_checkpoints_current_step_and_exits_143(write_study, reference, tmp_path, held):
+    # Held at the process's 15th evaluation (trial 0's 12, then trial 1's at step 150, after its
+    # save at 100): the signal lands mid-trial however fast the machine. (status reads the study
+    # in this process: a module name of this test's own.)
+    study = write_study(trial=gated_trial(tmp_path, 15, name="gated_sigterm"))
+    proc = signalled_after_a_save(study, 1, signal.SIGTERM, hold=held(tmp_path / "hold"))  # exit 143
     stopped = int(re.search(r"trial 1: stopped at step (\d+); checkpoint saved", proc.stderr).group(1))
-    status = json.loads(cli_here("status", study, "--json").stdout)
+    status = json.loads(cli_here("status", study, "--json", cwd=tmp_path).stdout)
     trial1 = status["trials"][1]
     assert trial1["state"] == "INTERRUPTED"
     # The current step was saved, even off the every_steps cadence; the next run starts there.
