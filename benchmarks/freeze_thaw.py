@@ -132,17 +132,21 @@ class FreezeThaw(Asha):
         # members' plus how far such predictions missed for the trials that got there. Judged
         # against the best value reported so far (DPL's EI at the maximum budget).
         best = min(v for _, v in reports)
+        means = {k: c.mean(axis=0) for k, c in curves.items()}
+        missed: dict[int | None, float] = {}  # by rung: a handful of rungs, hundreds of paused trials
         for t in paused:
             i, r = where[t.number], int(paused_rung(t) or 0)
             change = curves[steps][:, i] - curves[r][:, i]
             mean = own[i][r] + float(change.mean())
-            std = math.hypot(float(change.std()), _missed(own, curves, r, steps))
+            if r not in missed:
+                missed[r] = _missed(own, means, r, steps)
+            std = math.hypot(float(change.std()), missed[r])
             predictions.append(_prediction(t.number, r, mean, std, best, sign))
         new_ei = 0.0
         if can_start:  # a new trial: the model's value at the last step for a random configuration
             rng = np.random.RandomState((self.seed * 1_000_003 + len(trials)) % 2**32)
             fresh = sign * model.predict(encoding.random(rng, self.candidates), 1.0)
-            spread = _missed(own, curves, None, steps)
+            spread = _missed(own, means, None, steps)
             eis = [_prediction(-1, 0, float(fresh[:, j].mean()), math.hypot(float(fresh[:, j].std()), spread),
                                best, sign).ei for j in range(fresh.shape[1])]
             new_ei = float(np.quantile(eis, self.new_quantile))  # the sampler draws better than at random
@@ -162,14 +166,16 @@ class FreezeThaw(Asha):
 
     def _top_of_rung(self, trials: Sequence[FrozenTrial], sign: int) -> set[int]:
         """The paused trials that rank in the top 1/reduction_factor of the trials that reached their rung."""
-        out = set()
+        out, cutoff = set(), {}  # rung -> the value a trial there must reach (None: no top yet)
         for t in trials:
             r = paused_rung(t)
             if r is None:
                 continue
-            reached = sorted(sign * u.intermediate_values[r] for u in trials if r in u.intermediate_values)
-            top = len(reached) // self.reduction_factor
-            if top and sign * t.intermediate_values[r] <= reached[top - 1]:
+            if r not in cutoff:
+                reached = sorted(sign * u.intermediate_values[r] for u in trials if r in u.intermediate_values)
+                top = len(reached) // self.reduction_factor
+                cutoff[r] = reached[top - 1] if top else None
+            if cutoff[r] is not None and sign * t.intermediate_values[r] <= cutoff[r]:
                 out.add(t.number)
         return out
 
@@ -187,11 +193,11 @@ def _best_by(reports: Sequence[tuple[float, float]], t: float) -> float:
     return min(within) if within else min(v for _, v in reports)
 
 
-def _missed(own: list[dict[int, float]], curves: Mapping[int, np.ndarray], r: int | None, h: int) -> float:
-    """How far the model missed step `h` for the trials that reported there: from their value at
-    `r` plus the predicted change (None: the model's value alone), the root mean square. Fewer than
-    3 such trials: the spread of the values reported at `h` (or, before any, at all)."""
-    mean = {k: c.mean(axis=0) for k, c in curves.items()}
+def _missed(own: list[dict[int, float]], mean: Mapping[int, np.ndarray], r: int | None, h: int) -> float:
+    """How far the model (`mean`: the members' mean curve at each step of the ladder) missed step
+    `h` for the trials that reported there: from their value at `r` plus the predicted change
+    (None: the model's value alone), the root mean square. Fewer than 3 such trials: the spread of
+    the values reported at `h` (or, before any, at all)."""
     missed = [v[h] - ((v[r] + mean[h][i] - mean[r][i]) if r is not None else mean[h][i])
               for i, v in enumerate(own) if h in v and (r is None or r in v)]
     if len(missed) >= 3:
