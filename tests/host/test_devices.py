@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (REPO, Running, checkpoint_dir, cli_env, kill9, cli_here, snapshot, study_of,
+from conftest import (gated_trial, REPO, Running, checkpoint_dir, cli_env, kill9, cli_here, snapshot, study_of,
                       wait_for_checkpoint)
-from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -144,7 +143,7 @@ def test_n_jobs_4_worker_killed_mid_trial_its_slot_is_reused_and_study_equals_on
     settings = dict(n_trials=5, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
                     train={"steps": 20000, "eval_every": 2500}, checkpoint={"every_steps": 5000})
     study = write_study(trial="gated_digits", **settings)
-    write_trial(study.parent, "gated_digits", "gated", AT=3)
+    gated_trial(study.parent, 3, name="gated_digits")
     hold = held(study.parent / "hold")
     proc = Running("run", study, "--n-jobs", "4", "--verbose", cwd=study.parent, env=FOUR)
     m = proc.wait_for(r"trial (\d+): on (cpu:[123])\n")  # a trial in a helper process (cpu:0 is this one's)

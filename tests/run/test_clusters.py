@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (BASE_STUDY, BUCKET, Running, cli_here, kill9, merge, run_cli, snapshot, tier_of,
+from conftest import (gated_trial, BASE_STUDY, BUCKET, Running, cli_here, kill9, merge, run_cli, snapshot, tier_of,
                       wait_for_checkpoint)
-from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -43,9 +42,9 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     # starting at once each wrote a bucket folder of their own into the study, and one uploaded where
     # the study no longer pointed: an upload "never arrived", a takeover found no step. The folder is
     # written once, under the ask lock: tests/store/test_claims.py holds it.)
-    write_trial(nodes[0], "gated_digits", "gated", AT=9)
+    gated_trial(nodes[0], 9, name="gated_digits")
     held(nodes[0] / "hold")
-    write_trial(nodes[1], "gated_digits", "gated", AT=9)  # the same code on every node
+    gated_trial(nodes[1], 9, name="gated_digits")  # the same code on every node
 
     def node_run(i: int) -> Running:
         return Running("run", study, "--n-jobs", "auto", cwd=nodes[i], env={"SWEEP_HOST": f"node-{i}"})
@@ -81,7 +80,7 @@ def test_nodes_share_only_postgres_and_the_bucket_and_a_dead_node_s_trial_is_tak
     # byte; status says each trial's newest step there; plot marks the steps the bucket keeps.
     third = tmp_path / "node2"
     third.mkdir()
-    write_trial(third, "gated_digits", "gated", AT=9)
+    gated_trial(third, 9, name="gated_digits")
     exported = cli_here("export", study, "--out", third / "export", cwd=third)
     assert exported.returncode == 0, exported.stderr
     assert not (third / "runs" / "t" / "checkpoints").exists()  # nothing local: the bucket only

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import _loky_children, run_cli, study_of
+from conftest import gated_trial, _loky_children, run_cli, study_of
 from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
@@ -85,7 +85,7 @@ def test_n_jobs_2_sigterm_checkpoints_both_trials_and_rerun_finishes_them(write_
     study = write_study(trial="gated_digits", n_trials=2, sampler={"type": "random", "seed": 8},
                         pruner={"type": "none"}, train={"steps": steps, "eval_every": 1000},
                         checkpoint={"every_steps": 2000, "grace_seconds": 15})
-    write_trial(study.parent, "gated_digits", "gated", AT=3)
+    gated_trial(study.parent, 3, name="gated_digits")
     hold = held(study.parent / "hold")
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):
@@ -134,7 +134,7 @@ def test_n_jobs_2_worker_killed_is_replaced_and_study_equals_one_process(write_s
     settings = dict(n_trials=2, sampler={"type": "random", "seed": 9}, pruner={"type": "none"},
                     train={"steps": 20000, "eval_every": 1000}, checkpoint={"every_steps": 2000})
     study = write_study(trial="gated_digits", **settings)
-    write_trial(study.parent, "gated_digits", "gated", AT=3)
+    gated_trial(study.parent, 3, name="gated_digits")
     hold = held(study.parent / "hold")
     proc = Running("run", study, "--n-jobs", "2", cwd=study.parent)
     for number in (0, 1):

@@ -13,9 +13,8 @@ import signal
 import pytest
 import yaml
 
-from conftest import (BASE_STUDY, Running, checkpoint_dir, kill9, merge, run_cli, snapshot, study_of,
+from conftest import (gated_trial, BASE_STUDY, Running, checkpoint_dir, kill9, merge, run_cli, snapshot, study_of,
                       wait_for_checkpoint)
-from tests.trials.files import write_trial
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -46,7 +45,7 @@ def test_three_hosts_one_killed_one_frozen_past_its_lease_end_each_trial_once(tm
         host.mkdir()
         # Held at the 5th evaluation (step 500), after the saves at 200 and 400 (tests/trials/gated.py):
         # hosts a and b cannot finish their trials before the test has killed and frozen them.
-        write_trial(host, "gated_digits", "gated", AT=5)
+        gated_trial(host, 5, name="gated_digits")
     hold_a, hold_b = held(hosts[0] / "hold"), held(hosts[1] / "hold")  # host c is never held
 
     def run(i: int) -> Running:

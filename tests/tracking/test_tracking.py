@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import Running, checkpoint_dir, kill9, run_cli, study_of
+from conftest import gated_trial, Running, checkpoint_dir, kill9, run_cli, study_of
 from sweep.__main__ import main
-from tests.trials.files import write_trial
 from sweep.errors import ConfigError
 from sweep.store.record import MLFLOW_RUN_ID
 from sweep.study import config as config_lib
@@ -128,7 +127,7 @@ def test_curves_after_kill9_hold_each_evaluation_once(write_study, mlflow_server
     # exists (tests/trials/gated.py): trial 0 cannot finish before the writers' thread has recorded
     # its MLflow run, however loaded the machine (it once did, in 3 s, under two busy processes).
     study = write_study(trial="gated_digits", **LONG, logging={"tensorboard": True, "mlflow": mlflow_server})
-    write_trial(study.parent, "gated_digits", "gated", AT=2)
+    gated_trial(study.parent, 2, name="gated_digits")
     hold = held(study.parent / "hold")
     proc = Running("run", study, cwd=study.parent)
     proc.wait_for(r"trial 0: started")
@@ -219,7 +218,7 @@ def test_mlflow_server_stopped_during_a_run_the_study_finishes_with_one_warning(
         # gated.py): the study cannot finish before the server is stopped, however loaded the
         # machine (on a CI machine both trials once completed before the test saw trial 0's run).
         study = write_study(trial="gated_digits", **LONG, logging={"mlflow": url})
-        write_trial(study.parent, "gated_digits", "gated", AT=2)
+        gated_trial(study.parent, 2, name="gated_digits")
         hold = held(study.parent / "hold")
         proc = Running("run", study, cwd=study.parent)
         client, deadline = MlflowClient(url), time.monotonic() + 300

@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from conftest import Running, snapshot, study_of
-from tests.trials.files import write_trial
+from conftest import gated_trial, Running, snapshot, study_of
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -27,7 +26,7 @@ def test_four_workers_of_one_shape_compile_its_window_once_and_read_the_others_f
     study = write_study(trial="gated_shared", **ONE_SHAPE)
     # Each trial waits at its first evaluation while `hold` exists, after its window compiled: no
     # worker can take a second trial, so the 4 trials run in the 4 workers, whatever the load.
-    write_trial(study.parent, "gated_shared", "gated", AT=1)
+    gated_trial(study.parent, 1, name="gated_shared")
     hold = held(study.parent / "hold")
     env = {**FOUR, "SWEEP_COMPILATION_CACHE": str(tmp_path / "empty_cache")}  # not the tests' shared one
     proc = Running("run", study, "--n-jobs", "auto", "--verbose", cwd=study.parent, env=env)
