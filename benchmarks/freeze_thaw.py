@@ -71,6 +71,7 @@ class FreezeThaw(Asha):
     candidates: Annotated[int, Field(ge=1, le=10000)] = 100
     min_probability: Annotated[float, Field(ge=0, lt=1)] = 0.01
     new_quantile: Annotated[float, Field(ge=0, le=1)] = 0.9
+    beyond_top: bool = True  # may continue a paused trial outside its rung's top (False: only asha's)
     seed: int = 0
 
     def promote_next(self, session: Session, states: Mapping[int, TrialState],
@@ -158,7 +159,7 @@ class FreezeThaw(Asha):
         cost = {p.number: self.next_stop(p.rung, steps) - p.rung for p in worth}
         top_of_rung = self._top_of_rung(trials, sign)
         chosen = [p for p in worth if p.number in top_of_rung or not can_start
-                  or p.ei / cost[p.number] > new_ei / first]
+                  or (self.beyond_top and p.ei / cost[p.number] > new_ei / first)]
         top = max(chosen, key=lambda p: (p.ei / cost[p.number], -p.number), default=None)
         if top is None:
             return Choice(None, predictions, new_ei)

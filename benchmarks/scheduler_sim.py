@@ -57,6 +57,8 @@ def methods(steps: int, min_steps: int) -> dict[str, dict[str, Any]]:
                                                     "reduction_factor": 3}},
         "freeze_thaw": {"sampler": tpe, "scheduler": {"type": "freeze_thaw:FreezeThaw", "min_steps": min_steps,
                                                       "reduction_factor": 3}},
+        "freeze_thaw_top": {"sampler": tpe, "scheduler": {"type": "freeze_thaw:FreezeThaw", "min_steps": min_steps,
+                                                          "reduction_factor": 3, "beyond_top": False}},
     }
 
 
