@@ -111,6 +111,9 @@ class FreezeThaw(Asha):
         paused = [t for t in reporting if paused_rung(t) is not None]
         if not paused:
             return Choice(None, [], 0.0)
+        top_of_rung = self._top_of_rung(trials, sign)
+        if can_start and not self.beyond_top and not top_of_rung:
+            return Choice(None, [], 0.0)  # only asha's promotable trials may go on: none, no fit (most decisions)
         encoding = Encoding.of([t.distributions for t in reporting])
         x = np.stack([encoding.encode(t.params) for t in reporting])
         rows, ts, ys = [], [], []
@@ -157,7 +160,6 @@ class FreezeThaw(Asha):
         # paused trial asha would promote (the top 1/reduction_factor at its rung) goes on before a
         # new trial starts; another one only where its EI per step beats a new trial's.
         cost = {p.number: self.next_stop(p.rung, steps) - p.rung for p in worth}
-        top_of_rung = self._top_of_rung(trials, sign)
         chosen = [p for p in worth if p.number in top_of_rung or not can_start
                   or (self.beyond_top and p.ei / cost[p.number] > new_ei / first)]
         top = max(chosen, key=lambda p: (p.ei / cost[p.number], -p.number), default=None)
