@@ -197,6 +197,11 @@ def report(results: list[dict[str, Any]], out: Callable[[str], None] = print) ->
         out("")
 
 
+LABELS = {"random": "random search", "tpe+sha": "TPE + SuccessiveHalving pruner", "tpe+hyperband": "TPE + Hyperband pruner",
+          "tpe+median": "TPE + median pruner", "asha": "sweep asha", "hyperband": "sweep hyperband",
+          "freeze_thaw": "freeze-thaw prototype", "freeze_thaw_top": "freeze-thaw prototype (asha's top)"}
+
+
 def figure(results: list[dict[str, Any]], path: Path) -> None:
     """Mean normalized regret against the fraction of the budget spent, one panel a family, a
     bootstrap 95% band a method (the runs that recorded the curve)."""
@@ -212,7 +217,8 @@ def figure(results: list[dict[str, Any]], path: Path) -> None:
         for m in names:
             regret = _regret([table[k + (m,)] for k in keys], "curve")
             band = np.array([bootstrap(regret[:, i], rng) for i in range(len(GRID))])
-            ax.plot(GRID, regret.mean(axis=0), label=m)
+            style = "--" if m.startswith("tpe+") else "-"  # Optuna's pruners dashed
+            ax.plot(GRID, regret.mean(axis=0), label=LABELS.get(m, m), linestyle=style)
             ax.fill_between(GRID, band[:, 0], band[:, 1], alpha=0.15)
         ax.set_yscale("log")
         ax.set_title(f"{family} ({len(keys)} runs)")
