@@ -225,7 +225,11 @@ def figure(results: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("fraction of the budget (training steps)")
         ax.set_ylabel("mean normalized regret")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
+    handles = {}  # one legend for every panel: a method missing from the last panel is still named
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
