@@ -13,7 +13,9 @@ that got there; its expected improvement (EI) is over the best value reported so
 trial's EI is the `new_quantile` quantile over `candidates` random configurations (the sampler
 then draws the new trial's own). Each is weighed per step it costs (to the next rung; a new one:
 to the first). The paused trials asha would promote are always candidates; another goes on only
-where its EI per step beats a new trial's. A paused trial whose probability to beat the best is
+where its EI per step beats a new trial's, and only with `beyond_top: true` (the default here;
+`false`, the rule chosen on development seeds, continues asha's promotable trials only, in the
+model's order, and fits the model only where one exists). A paused trial whose probability to beat the best is
 below `min_probability` is not continued; once n_trials have started and none is worth
 continuing, the paused trials end PRUNED (as asha's do). Each continuation records why
 (`freeze_thaw` attribute), which `status` shows. Every decision is a function of the stored study.
