@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import scheduler_sim as ss  # noqa: E402
 from sweep.run.simulator import simulate  # noqa: E402
-from sweep.study import config as config_lib  # noqa: E402
 
 N_TRIALS, MIN_STEPS, SEEDS = 27, 200, range(20)
 SIDES = ("tpe+sha", "tpe+hyperband", "tpe+median", "asha", "hyperband")
@@ -42,11 +41,7 @@ def main() -> None:
     for seed in SEEDS:
         sims = {}
         for name, method in sides.items():
-            raw = {"name": "sim", "trial": "trials.digits_mlp", "n_trials": N_TRIALS,
-                   "objective": {"metric": "val_loss", "direction": "minimize"}, "search_space": bench.space,
-                   "train": {"steps": bench.steps, "eval_every": bench.min_steps}, **method}
-            raw["sampler"] = {**raw["sampler"], "seed": seed}
-            sims[name] = simulate(config_lib.from_dict(raw, import_trial=False), bench, workers=1)
+            sims[name] = simulate(ss.study(bench, method, seed, n_trials=N_TRIALS), bench, workers=1)
         budget = min(s.reports[-1].used for s in sims.values())  # B: the side that spent the fewest steps
         for name, s in sims.items():
             rows.setdefault(name, []).append((regret(min(r.value for r in s.reports if r.used <= budget)),

@@ -127,8 +127,10 @@ def benches(family: str, tasks: str) -> list[Any]:
     return [Tabulated(family)]
 
 
-def study(bench: Any, method: dict[str, Any], seed: int) -> config_lib.Config:
-    raw = {"name": "sim", "trial": "trials.digits_mlp", "n_trials": 100_000,
+def study(bench: Any, method: dict[str, Any], seed: int, n_trials: int = 100_000) -> config_lib.Config:
+    """The study file of `method` on `bench` (the budget is the simulator's max_steps, unless
+    `n_trials` ends it first)."""
+    raw = {"name": "sim", "trial": "trials.digits_mlp", "n_trials": n_trials,
            "objective": {"metric": "val_loss", "direction": "minimize"},
            "search_space": bench.space, "train": {"steps": bench.steps, "eval_every": bench.min_steps}, **method}
     raw["sampler"] = {**raw["sampler"], "seed": seed}
