@@ -174,7 +174,7 @@ class StudySession:
 
         check_config(self.config)  # sampler/pruner arguments, as `run` checks them first
         tier_class(self.config)  # and the tier of checkpoint.remote
-        plan = plan_lib.make(self._session)
+        plan = plan_lib.make(self._session, decide=True)
         if not plan.refused and preflight.needed(plan):
             preflight.check(self.config)
         return plan

@@ -37,6 +37,8 @@ class TrialStatus(TypedDict):
     checkpoint_auto: NotRequired[Optional[dict[str, Optional[float]]]]  # with checkpoint every: auto
     lineage: NotRequired[list[dict[str, Any]]]  # with scheduler pbt: its exploits (sweep/schedulers/pbt.py)
     params_in_force: NotRequired[dict[str, Any]]  # with scheduler pbt: the params it trains with now
+    # with scheduler freeze_thaw: the prediction it last went on by (sweep/schedulers/freeze_thaw.py)
+    freeze_thaw: NotRequired[Optional[dict[str, float]]]
 
 
 class StudyStatus(TypedDict):
@@ -69,6 +71,7 @@ class ExportEntry(TypedDict):
     collections: list[str]
     continued_from: NotRequired[dict[str, Any]]  # a trial of a companion study (`continue`)
     lineage: NotRequired[list[dict[str, Any]]]  # with scheduler pbt: its exploits (sweep/schedulers/pbt.py)
+    freeze_thaw: NotRequired[Optional[dict[str, float]]]  # with scheduler freeze_thaw: as in status
     trial_module: str
     trial_source_sha256: str
     trial_source_file: str

@@ -80,7 +80,10 @@ def grace_timers() -> Iterator[Callable[[], list[threading.Timer]]]:
     would os._exit this process when it fires)."""
 
     def alive() -> list[threading.Timer]:
+        # A cancelled timer's thread may still be alive a moment (it has yet to wake and see its
+        # `finished` event, which cancel() sets): a timer counts until cancelled or fired.
         return [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()
+                and not t.finished.is_set()
                 and getattr(getattr(t, "function", None), "__func__", None) is StopSignal._expire]
 
     yield alive

@@ -95,7 +95,8 @@ def test_docs_cheap_commands_run_for_real(tmp_path, monkeypatch, capsys):
     status = json.loads(out)
     assert set(status) == _fields("The study:") - {"objectives"}  # only with several objectives
     # only with checkpoint.remote / with constraints / with several objectives / with scheduler pbt
-    conditional = {"remote_step", "feasible", "values", "pareto", "lineage", "params_in_force",
+    # or freeze_thaw
+    conditional = {"remote_step", "feasible", "values", "pareto", "lineage", "params_in_force", "freeze_thaw",
                    "checkpoint_auto"}  # with checkpoint.every: auto only
     assert {key for t in status["trials"] for key in t} == _fields("Each trial:") - conditional
     assert set(status["trials"][0]["ledger"]) == _fields("### The ledger")

@@ -142,7 +142,8 @@ def test_each_family_says_its_job_and_what_it_may_import():
 
 # Each built-in scheduler's name, and the one module that may compare a value with it (issue 38: the
 # run loop, plan, status, export and the fingerprint ask the scheduler object, sweep/schedulers/base.py).
-SCHEDULER_MODULES = {"asha": "schedulers/asha.py", "hyperband": "schedulers/hyperband.py", "pbt": "schedulers/pbt.py"}
+SCHEDULER_MODULES = {"asha": "schedulers/asha.py", "hyperband": "schedulers/hyperband.py", "pbt": "schedulers/pbt.py",
+                     "freeze_thaw": "schedulers/freeze_thaw.py"}
 
 
 def _name_comparisons(source: str) -> list[tuple[str, int]]:

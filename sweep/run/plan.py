@@ -48,6 +48,7 @@ class Plan:
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of `new`: the file's
     # `enqueue` entries still to run, in order (they go first)
     paused: dict[int, int] = dataclasses.field(default_factory=dict)  # number -> rung (sweep/schedulers/base.py)
+    next_decision: str | None = None  # the scheduler's next decision on them, where it says one
 
     @property
     def code_changed(self) -> bool:
@@ -62,8 +63,10 @@ class Plan:
         return len(self.entries)
 
 
-def make(session: Session) -> Plan:
-    """The plan of `session`'s study as its storage and checkpoint folders are now. Reads only."""
+def make(session: Session, decide: bool = False) -> Plan:
+    """The plan of `session`'s study as its storage and checkpoint folders are now. Reads only.
+    `decide`: with the scheduler's next decision on the paused trials (`plan`'s, not `run`'s start:
+    freeze_thaw fits its model for it)."""
     config = session.config
     code = fingerprint.code(config)
     if not session.open_existing():
@@ -97,7 +100,15 @@ def make(session: Session) -> Plan:
         waiting=enqueue.waiting(states, paused),
         entries=enqueue.pending(session)[:new],
         paused=paused,
+        next_decision=_next_decision(session, states) if paused and decide else None,
     )
+
+
+def _next_decision(session: Session, states: dict[int, TrialState]) -> str | None:
+    s = scheduler.of(session.config)
+    # A user's scheduler may extend SchedulerKeys without base.Scheduler's default of the method.
+    decide = getattr(s, "next_decision", None)
+    return decide(session, states) if decide is not None else None
 
 
 def _newest(config: Config, trial: Any, remote: dict[int, list[int]]) -> int | None:
@@ -154,6 +165,8 @@ def text(config: Config, plan: Plan) -> str:
         s = scheduler.of(config)  # None: a study file edited to drop the scheduler that paused them
         note = s.plan_note() if s is not None else "by a scheduler the study file no longer names"
         lines.append(f"  paused:  {at} ({note})")
+        if plan.next_decision:
+            lines.append(f"  next:    {plan.next_decision}")
     if plan.new:
         lines.append(f"  new:     {numbered('trial', range(plan.first_new, plan.first_new + plan.new))}, "
                      f"{_how(config, plan)}")
@@ -180,7 +193,10 @@ def _verdict(plan: Plan) -> str:
     """What `run` would do, after 'run would'."""
     work = [part for part in (f"resume {count(len(plan.resume), 'trial')}" if plan.resume else "",
                               f"start {count(plan.new + len(plan.waiting), 'new trial')}"
-                              if plan.new or plan.waiting else "") if part]
+                              if plan.new or plan.waiting else "",
+                              # the scheduler's: each goes on or ends PRUNED (`paused:` says how)
+                              f"decide on {count(len(plan.paused), 'paused trial')}" if plan.paused else "")
+            if part]
     removes = ""
     if plan.removals:
         whole = [r for r in plan.removals if r.kind == "trial"]

@@ -1,5 +1,5 @@
-"""The Scheduler base class: what asha, hyperband, pbt and a user's scheduler provide to the run loop,
-plan, status, export and the fingerprint, the pause and promote steps they share, and the run's
+"""The Scheduler base class: what asha, hyperband, pbt, freeze_thaw and a user's scheduler provide
+to the run loop, plan, status, export and the fingerprint, the pause and promote steps they share, and the run's
 one way to the study's scheduler (`of`, and the module functions the worker calls).
 
 A scheduler is a pydantic model of the study file's `scheduler` section (its keys and their rules,
@@ -89,6 +89,11 @@ class Scheduler(SchedulerKeys):
         """What `plan` says after the paused trials (in parentheses): when they go on."""
         return (f"scheduler {self.type}: each goes on when the scheduler promotes it, else ends PRUNED once no "
                 "trial is left to start")
+
+    def next_decision(self, session: Session, states: Mapping[int, TrialState]) -> str | None:
+        """What `plan` says a free worker would do next with the paused trials (its `next:` line),
+        from the stored study, read only; None: nothing beyond `plan_note` (the default)."""
+        return None
 
     def status_fields(self, trial: FrozenTrial) -> dict[str, Any]:
         """Fields of its own in a trial's entry of `status --json` (none by default)."""

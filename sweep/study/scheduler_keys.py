@@ -1,8 +1,8 @@
 """The study file's `scheduler` section: the registry of scheduler names, the resolution of a name
 or an import path to its class, and the checking of the section with that class's own keys model.
 
-The schedulers themselves (asha, hyperband, pbt: where trials pause, which go on) live in
-sweep/schedulers/, a family above this one: it is named here by import path only and imported by
+The schedulers themselves (asha, hyperband, pbt, freeze_thaw: where trials pause, which go on)
+live in sweep/schedulers/, a family above this one: it is named here by import path only and imported by
 `resolve`, never by an import statement. The class a name resolves to is a pydantic model of the
 section (its keys and their rules) that also does what sweep/schedulers/base.py's Scheduler
 declares; `config.study.scheduler` is an instance of it.
@@ -27,7 +27,7 @@ MAX_STEP = 2 ** 31 - 1  # steps are int32 inside the compiled training window
 # module in sweep/schedulers/ and one entry here; a user's own is named in the study file by its
 # import path instead (`scheduler: {type: "package.module:ClassName", ...}`).
 REGISTRY = {"asha": "sweep.schedulers.asha:Asha", "hyperband": "sweep.schedulers.hyperband:Hyperband",
-            "pbt": "sweep.schedulers.pbt:Pbt"}
+            "pbt": "sweep.schedulers.pbt:Pbt", "freeze_thaw": "sweep.schedulers.freeze_thaw:FreezeThaw"}
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 # What the run, plan, status and export ask of a scheduler beyond its keys (sweep/schedulers/base.py
 # declares them, with defaults for all but the first two): a class without them is no scheduler.
@@ -140,7 +140,8 @@ def _elsewhere(cls: type[SchedulerKeys], value: dict[str, Any], err: Any) -> dic
     if not owners:
         return None
     own = ", ".join(k for k in cls.model_fields if k != "type")
-    message = (f"{key}: only with type {' or '.join(owners)} (keys of type {value['type']}: {own}), "
+    either = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} or {owners[-1]}"
+    message = (f"{key}: only with type {either} (keys of type {value['type']}: {own}), "
                f"got {value[key]!r}")
     return {"type": "value_error", "loc": (), "msg": message, "input": value, "ctx": {"error": ValueError(message)}}
 

@@ -254,7 +254,7 @@ BAD = [
     ("unknown-key", {"scheduler": {"type": "asha", "min_steps": 100, "eta": 3}},
      "scheduler.eta: unknown key (allowed: type, min_steps, reduction_factor)"),
     ("unknown-type", {"scheduler": {"type": "ppo", "min_steps": 100}},
-     "scheduler.type: must be one of 'asha', 'hyperband' or 'pbt', got 'ppo'"),
+     "scheduler.type: must be one of 'asha', 'hyperband', 'pbt' or 'freeze_thaw', got 'ppo'"),
     ("a-pbt-key", {"scheduler": {"type": "asha", "min_steps": 100, "population": 4}},
      "scheduler.population: only with type pbt (keys of type asha: min_steps, reduction_factor), got 4"),
     ("eta-one", {"scheduler": {"type": "asha", "min_steps": 100, "reduction_factor": 1}},

@@ -98,7 +98,7 @@ def test_a_kill9_mid_promotion_then_the_same_command_equals_an_uninterrupted_run
 
 
 BAD = [
-    ("unknown-name", {"type": "toy"}, "scheduler.type: must be one of 'asha', 'hyperband' or 'pbt', got 'toy'"),
+    ("unknown-name", {"type": "toy"}, "scheduler.type: must be one of 'asha', 'hyperband', 'pbt' or 'freeze_thaw', got 'toy'"),
     ("unimportable", {"type": "tests.schedulers.absent:Toy"},
      "scheduler.type: cannot import module (No module named 'tests.schedulers.absent'); is it on the current "
      "directory or PYTHONPATH?, got 'tests.schedulers.absent:Toy'"),
@@ -116,7 +116,7 @@ BAD = [
     ("unknown-key", {"type": TOY_TYPE, "stops": [100], "stop": 2},
      "scheduler.stop: unknown key (did you mean 'stops'?)"),
     ("an-asha-key", {"type": TOY_TYPE, "stops": [100], "min_steps": 100},
-     f"scheduler.min_steps: only with type asha or hyperband (keys of type {TOY_TYPE}: stops), got 100"),
+     f"scheduler.min_steps: only with type asha, hyperband or freeze_thaw (keys of type {TOY_TYPE}: stops), got 100"),
     ("stop-at-end", {"type": TOY_TYPE, "stops": [100, 300]}, None),  # the last stop is its last step: fine
     ("first-stop-at-end", {"type": TOY_TYPE, "stops": [300]},
      "scheduler.stops: must be < train.steps (300): the first stop comes before a trial's last step, got 300"),

@@ -221,7 +221,7 @@ BAD = [
     ("interval-off-evaluation", {"scheduler": {"type": "pbt", "population": 3, "interval_steps": 60}},
      "scheduler.interval_steps: must be a multiple of train.eval_every (50)"),
     ("asha-key", {"scheduler": {"type": "pbt", "population": 3, "interval_steps": 50, "min_steps": 50}},
-     "scheduler.min_steps: only with type asha or hyperband"),
+     "scheduler.min_steps: only with type asha, hyperband or freeze_thaw"),
     ("unknown-key", {"scheduler": {"type": "pbt", "population": 3, "interval_steps": 50, "perturb": 2}},
      "scheduler.perturb: unknown key (allowed: type, population, interval_steps"),
     ("quantile-above-half", {"scheduler": {"type": "pbt", "population": 3, "interval_steps": 50, "quantile": 0.8}},

@@ -1,5 +1,4 @@
-"""A learning-curve model over (configuration, step) for the freeze-thaw prototype (freeze_thaw.py):
-an ensemble of power laws, as DPL does (Kadra et al., "Scaling Laws for Hyperparameter
+"""The learning-curve model of the freeze-thaw scheduler (freeze_thaw.py): an ensemble of power laws, as DPL does (Kadra et al., "Scaling Laws for Hyperparameter
 Optimization", NeurIPS 2023). Each member, a small MLP, maps a configuration's encoding to the
 three parameters of its curve y(t) = a + b * t**(-c) (b, c >= 0: the metric, made smaller-is-better,
 falls with the step t, a fraction of train.steps); the members differ in their initialisation
@@ -9,12 +8,17 @@ No library fits this (Optuna's GP sampler models configurations, not curves; DPL
 PyTorch, and the pretrained models of ifBO are downloaded at run time), so it is written here, in
 JAX and Optax, small enough to fit at every decision: full-batch Adam on every report of every
 trial, with a fixed seed. Same reports, same predictions: a decision made again after a kill is
-the same one (XLA on one machine computes the same program on the same inputs alike). Shapes are
-padded to powers of two, so that a study compiles a handful of programs, not one per decision.
+the same one (XLA on one machine computes the same program on the same inputs alike). It runs on
+the host's CPU whatever device the trials train on: a few thousand points fit in well under a
+second there, it takes no accelerator memory from a trial, and a GPU's reductions need not be
+deterministic (on a GPU machine this is reasoned from JAX's documentation of default_device, not
+yet run). Shapes are padded to powers of two, so that a study compiles a handful of programs, not
+one per decision.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -190,9 +194,21 @@ def _programs() -> tuple[Any, Any]:
     return fit_all, predict_all
 
 
+def _host() -> Any:
+    """A context in which JAX computes on the host's first CPU device (module docstring)."""
+    import jax
+
+    try:
+        return jax.default_device(jax.devices("cpu")[0])
+    except RuntimeError:  # JAX_PLATFORMS without cpu: the default device, deterministic or not
+        return contextlib.nullcontext()
+
+
 def _fit(seed: int, *arrays: np.ndarray) -> Any:
-    return _programs()[0](np.uint32(seed % 2**32), *arrays)
+    with _host():
+        return _programs()[0](np.uint32(seed % 2**32), *arrays)
 
 
 def _predict(params: Any, xs: np.ndarray, ts: np.ndarray) -> Any:
-    return _programs()[1](params, xs, ts)
+    with _host():
+        return _programs()[1](params, xs, ts)
