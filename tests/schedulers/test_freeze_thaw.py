@@ -78,6 +78,9 @@ def test_freeze_thaw_continues_by_the_model_and_a_continued_trial_equals_a_strai
                 mean, std, ei, probability)
             assert why["to"] == int(to) and 0 <= why["probability"] <= 1 and why["std"] > 0 and why["ei"] >= 0
     assert all(status[t.number]["freeze_thaw"] is None for t in trials if not t.user_attrs.get("promoted_at"))
+    # Each went on from its rung checkpoint, which retention (keep_trials 1) kept while it was
+    # paused: no step trained twice, no restore after a loss.
+    assert all("resumed_from" not in t.user_attrs and t.user_attrs["ledger"]["lost_steps"] == 0 for t in trials)
     exported = cli_here("export", uninterrupted, "--out", str(tmp_path / "export"), cwd=uninterrupted.parent)
     assert exported.returncode == 0, exported.stderr
     index = json.loads((tmp_path / "export" / "index.json").read_text())["trials"]

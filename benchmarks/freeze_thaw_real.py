@@ -1,0 +1,106 @@
+"""The scheduler simulator's ranking of freeze_thaw against the best Optuna pruner, checked on real
+runs of the digits MLP (issue 40: "one real run confirms the simulator's ranking at the same
+training steps").
+
+    .venv/bin/python benchmarks/freeze_thaw_real.py --seeds 0 1 2 [--json-out FILE]
+
+The study is the simulator's digits_mlp family (benchmarks/scheduler_sim.py; the search space,
+2000 steps and an evaluation every 100 of benchmarks/data/curves/digits_mlp.json), run for real
+with `python -m sweep run`, one worker, two sides per seed (sampler TPE, 10 startup trials,
+seeded):
+
+  tpe+median    pruner median (5 startup trials, 100 warm-up steps): the best pruner there
+  freeze_thaw   scheduler freeze_thaw (min_steps 100, reduction_factor 3)
+
+Each side's n_trials is set so that it spends more than B = 15 full trials' worth of steps
+(30,000: the simulator's 50% point); then, as benchmarks/schedulers.py does, the best val_loss any
+evaluation reached within the first B training steps (in the order the log says they were
+trained), and within the first B/2, are compared per seed, beside the simulator's means there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from schedulers import REPO, best_within, curve  # noqa: E402
+
+TABLE = json.loads((Path(__file__).resolve().parent / "data" / "curves" / "digits_mlp.json").read_text())
+STEPS, EVERY = TABLE["steps"], TABLE["eval_every"]
+BUDGET = 15 * STEPS
+TPE = {"type": "tpe", "n_startup_trials": 10}
+SIDES: dict[str, dict[str, Any]] = {
+    "tpe+median": {"n_trials": 45, "pruner": {"type": "median", "n_startup_trials": 5, "n_warmup_steps": EVERY}},
+    "freeze_thaw": {"n_trials": 110, "pruner": {"type": "none"},
+                    "scheduler": {"type": "freeze_thaw", "min_steps": EVERY, "reduction_factor": 3}},
+}
+
+
+def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
+    import subprocess
+
+    name = f"{side.replace('+', '-')}-{seed}"
+    data = {"name": name, "trial": TABLE["trial"], "objective": TABLE["objective"],
+            "search_space": TABLE["search_space"], "sampler": {**TPE, "seed": seed},
+            "train": {"steps": STEPS, "eval_every": EVERY, "seed": seed},
+            "checkpoint": {"every_steps": EVERY, "keep_last": 1, "keep_best": 1, "max_write_share": None},
+            "workdir": str(folder / name), **SIDES[side]}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "sweep", "run", str(path)], cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{side} seed {seed}: exit {result.returncode}\n{result.stderr[-3000:]}")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder / name / 'study.db'}")
+    trials = study.get_trials(deepcopy=False)
+    points = curve(result.stderr, trials)
+    steps = sum(max(t.intermediate_values, default=0) for t in trials)
+    assert max(p[0] for p in points) == steps, (side, seed)  # the log's order accounts for every step
+    return {"side": side, "seed": seed, "trials": len(trials), "steps": steps, "seconds": time.perf_counter() - start,
+            "best_at_half": best_within(points, BUDGET // 2), "best_at_budget": best_within(points, BUDGET)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sweep-freeze-thaw-") as tmp:
+        for seed in args.seeds:
+            for side in SIDES:
+                rows.append(run_side(Path(tmp), side, seed))
+                print(json.dumps(rows[-1]), flush=True)
+    short = [r["side"] for r in rows if r["steps"] < BUDGET]
+    assert not short, f"spent fewer than B = {BUDGET} steps: {short} (raise their n_trials)"
+    print(f"\n| side | best val_loss within {BUDGET // 2} steps, mean (each seed) | within {BUDGET} steps, mean "
+          "(each seed) | trials | steps spent |")
+    print("|---|---|---|---|---|")
+    for side in SIDES:
+        mine = [r for r in rows if r["side"] == side]
+        cells = [f"{statistics.mean(r[k] for r in mine):.4f} ({', '.join(f'{r[k]:.4f}' for r in mine)})"
+                 for k in ("best_at_half", "best_at_budget")]
+        print(f"| {side} | {cells[0]} | {cells[1]} | {statistics.mean(r['trials'] for r in mine):.0f} | "
+              f"{statistics.mean(r['steps'] for r in mine):.0f} |")
+    wins = sum(f["best_at_budget"] < m["best_at_budget"] for f, m in zip(
+        (r for r in rows if r["side"] == "freeze_thaw"), (r for r in rows if r["side"] == "tpe+median")))
+    print(f"\nfreeze_thaw lower within {BUDGET} steps in {wins} of {len(args.seeds)} seeds")
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
