@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import math
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -136,7 +138,9 @@ def _init(key: Any, width: int) -> Any:
 
     sizes = [(width, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, 3)]
     keys = jax.random.split(key, len(sizes))
-    return [(jax.random.normal(k, s) * math.sqrt(1.0 / s[0]), jax.numpy.zeros(s[1])) for k, s in zip(keys, sizes)]
+    f32 = jax.numpy.float32  # not the process's default: a trial module may have enabled x64
+    return [(jax.random.normal(k, s, f32) * math.sqrt(1.0 / s[0]), jax.numpy.zeros(s[1], f32))
+            for k, s in zip(keys, sizes)]
 
 
 def _laws(member: Any, x: Any) -> Any:
@@ -194,14 +198,33 @@ def _programs() -> tuple[Any, Any]:
     return fit_all, predict_all
 
 
+@contextlib.contextmanager
 def _host() -> Any:
-    """A context in which JAX computes on the host's first CPU device (module docstring)."""
+    """A context in which JAX computes on the host's first CPU device (module docstring), in 32
+    bits whatever the process's setting (a trial module may have enabled x64, `plan` has not)."""
+    import jax
+
+    with jax.enable_x64(False), _cpu():
+        yield
+
+
+def _cpu() -> Any:
     import jax
 
     try:
         return jax.default_device(jax.devices("cpu")[0])
     except RuntimeError:  # JAX_PLATFORMS without cpu: the default device, deterministic or not
+        if not _WARNED:
+            _WARNED.append(True)
+            logging.getLogger("sweep").warning(
+                "scheduler freeze_thaw: JAX has no CPU backend here (JAX_PLATFORMS=%s), so its curve model runs on "
+                "%s, where a decision made again after a kill may differ; add cpu to JAX_PLATFORMS (e.g. "
+                "JAX_PLATFORMS=cuda,cpu) to keep decisions reproducible", os.environ.get("JAX_PLATFORMS", ""),
+                jax.devices()[0].platform)
         return contextlib.nullcontext()
+
+
+_WARNED: list[bool] = []  # the warning above, once a process
 
 
 def _fit(seed: int, *arrays: np.ndarray) -> Any:

@@ -66,7 +66,12 @@ class FreezeThaw(Asha):
 
     initial_trials: Annotated[int, Field(ge=2)] = 5
     min_probability: Annotated[float, Field(ge=0, lt=1)] = 0.01
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 0  # the fit's PRNG key takes 32 bits
+
+    def check(self, study: Any) -> None:
+        if self.initial_trials > study.n_trials:
+            raise ValueError(f"scheduler.initial_trials: must be <= n_trials ({study.n_trials}): the model decides "
+                             f"once that many trials have reported, got {self.initial_trials}")
 
     def promote_next(self, session: Session, states: Mapping[int, TrialState],
                      trials: Sequence[FrozenTrial]) -> int | None:
@@ -74,6 +79,9 @@ class FreezeThaw(Asha):
         kind, chosen = self.decision(session, states, trials)
         if kind == "relaxed":  # a study needs a best trial (asha's rule)
             relaxed = next_promotion(config, trials, relaxed=True)
+            # No prediction went into it: its `freeze_thaw` attribute says so, not an older decision's.
+            if relaxed is not None:
+                session.set_trial_attr(relaxed.number, WHY, {"rung": relaxed.rung, "to": relaxed.to, "relaxed": True})
             if relaxed is not None and base.promote(session, relaxed.number, relaxed.to):
                 log.info("trial %d: continued from rung %d, no trial completed yet, trains on to step %d",
                          relaxed.number, relaxed.rung, relaxed.to)
@@ -81,6 +89,8 @@ class FreezeThaw(Asha):
             return None
         if chosen is None:
             return None
+        # Recorded before the promotion, so that a continuation always has its reason: a kill in
+        # between leaves the trial paused, and the same command makes the same decision again.
         session.set_trial_attr(chosen.number, WHY, chosen.record())
         if not base.promote(session, chosen.number, chosen.to):
             return None
@@ -157,16 +167,16 @@ class FreezeThaw(Asha):
 
     def _top_of_rung(self, trials: Sequence[FrozenTrial], sign: int) -> set[int]:
         """The paused trials that rank in the top 1/reduction_factor of the trials that reached their rung."""
-        out, cutoff = set(), {}  # rung -> the value a trial there must reach (None: no top yet)
+        out, tops = set(), {}  # rung -> the numbers of its top, ranked as asha ranks (ties: the lower number)
         for t in trials:
             r = paused_rung(t)
             if r is None:
                 continue
-            if r not in cutoff:
-                reached = sorted(sign * u.intermediate_values[r] for u in trials if r in u.intermediate_values)
-                top = len(reached) // self.reduction_factor
-                cutoff[r] = reached[top - 1] if top else None
-            if cutoff[r] is not None and sign * t.intermediate_values[r] <= cutoff[r]:
+            if r not in tops:
+                reached = sorted((u for u in trials if r in u.intermediate_values),
+                                 key=lambda u: (sign * u.intermediate_values[r], u.number))
+                tops[r] = {u.number for u in reached[:len(reached) // self.reduction_factor]}
+            if t.number in tops[r]:
                 out.add(t.number)
         return out
 

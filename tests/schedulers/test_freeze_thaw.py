@@ -69,14 +69,17 @@ def test_freeze_thaw_continues_by_the_model_and_a_continued_trial_equals_a_strai
     # went on only from a rung it paused at, to its next rung or the end.
     status = {t["number"]: t for t in json.loads(cli_here("status", uninterrupted, "--json",
                                                           cwd=uninterrupted.parent).stdout)["trials"]}
+    latest = 0
     for number, rung, mean, std, ei, probability, to in continued:
         t = trials[int(number)]
         why = status[int(number)]["freeze_thaw"]
         assert int(rung) in t.user_attrs["promoted_at"] and int(to) == (200 if rung == "100" else 400)
         if why["rung"] == int(rung):  # the latest continuation of the trial
+            latest += 1
             assert (f"{why['mean']:.4g}", f"{why['std']:.2g}", f"{why['ei']:.3g}", f"{why['probability']:.2f}") == (
                 mean, std, ei, probability)
             assert why["to"] == int(to) and 0 <= why["probability"] <= 1 and why["std"] > 0 and why["ei"] >= 0
+    assert latest == len({number for number, *_ in continued})  # every continued trial's latest line was checked
     assert all(status[t.number]["freeze_thaw"] is None for t in trials if not t.user_attrs.get("promoted_at"))
     # Each went on from its rung checkpoint, which retention (keep_trials 1) kept while it was
     # paused: no step trained twice, no restore after a loss.
@@ -152,6 +155,7 @@ def test_freeze_thaw_two_workers_give_each_trial_its_one_process_curve(uninterru
     trials = sorted(study_of(path).trials, key=lambda t: t.number)
     alone = {t.number: t for t in study_of(uninterrupted).trials}
     assert len(trials) == 6 and any(t.state.name == "COMPLETE" for t in trials)
+    assert re.search(CONTINUED, result.stderr), result.stderr  # the model continued trials here too
     for t in trials:
         assert result.stderr.count(f"trial {t.number}: started with params") == 1, result.stderr
         assert t.params == alone[t.number].params
@@ -171,6 +175,13 @@ BAD = [
      "scheduler.min_probability: must be < 1, got 1.0"),
     ("negative-seed", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "seed": -1}},
      "scheduler.seed: must be >= 0, got -1"),
+    ("seed-beyond-32-bits", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "seed": 2**32}},
+     "scheduler.seed: must be < 4294967296, got 4294967296"),
+    ("negative-probability", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "min_probability": -0.1}},
+     "scheduler.min_probability: must be >= 0, got -0.1"),
+    ("initial-trials-beyond-n-trials", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "initial_trials": 7}},
+     "scheduler.initial_trials: must be <= n_trials (6): the model decides once that many trials have reported, "
+     "got 7"),
     ("unknown-key", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "beyond_top": True}},
      "scheduler.beyond_top: unknown key (allowed: type, min_steps, reduction_factor, initial_trials, "
      "min_probability, seed)"),
@@ -184,3 +195,83 @@ BAD = [
 def test_freeze_thaw_bad_study_file_exits_2_naming_the_key(tmp_path, monkeypatch, capsys, override, fragment):
     monkeypatch.chdir(tmp_path)
     refused(_write(tmp_path, **override), capsys, fragment)
+
+
+# --- the decision itself, on studies built in the scheduler simulator (fast: no trial trains) ---
+
+SPACE = {"learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+         "hidden": {"type": "int", "low": 16, "high": 256, "step": 16}}
+
+
+def _curve(number: int, params: dict[str, Any]) -> Any:
+    """A synthetic curve: better near learning rate 3e-3 and with wider layers."""
+    import math
+
+    from sweep.run.simulator import Curve
+
+    q = abs(math.log10(params["learning_rate"]) + 2.5) + 16.0 / params["hidden"]
+    return Curve({s: q + 1.0 / (1.0 + s * params["learning_rate"]) for s in range(100, 2001, 100)})
+
+
+def _simulated(n_trials: int, max_steps: int, **scheduler: Any) -> tuple[Any, Any]:
+    from sweep.run.simulator import simulate
+    from sweep.study import config as config_lib
+
+    config = config_lib.from_dict({
+        "name": "ft-unit", "trial": "trials.digits_mlp", "n_trials": n_trials,
+        "objective": {"metric": "val_loss", "direction": "minimize"}, "sampler": {"type": "random", "seed": 0},
+        "scheduler": {"type": "freeze_thaw", "min_steps": 100, "reduction_factor": 3, **scheduler},
+        "search_space": SPACE, "train": {"steps": 2000, "eval_every": 100}}, import_trial=False)
+    return config, simulate(config, _curve, workers=2, max_steps=max_steps).trials
+
+
+def _decisions(config: Any, trials: Any) -> list[Any]:
+    """What a free worker decides while trials may start, and once n_trials have started."""
+    out = []
+    for can_start in (True, False):
+        p = config.study.scheduler.choose(config, trials, can_start)
+        out.append(p and {"number": p.number, **p.record()})
+    return out
+
+
+def test_a_decision_is_the_same_one_made_again_and_with_x64_enabled():
+    """The model is fitted from the stored trials with a fixed seed: a decision made again (a
+    rerun after a kill, `plan`, another worker) is the same one, to the last bit, even where a
+    trial module enabled JAX's 64-bit mode in that process; and while trials may start, only a
+    trial in its rung's top by asha's ranking is continued."""
+    import jax
+
+    from sweep.schedulers.asha import next_promotion
+
+    config, trials = _simulated(100, 20 * 312)
+    here = _decisions(config, trials)
+    assert here[1] is not None and sum(1 for t in trials if t.state.name == "WAITING") >= 10
+    assert _decisions(config, trials) == here
+    with jax.enable_x64(True):
+        assert _decisions(config, trials) == here
+    if here[0] is not None:  # continued while trials may start: asha would promote it
+        alone = [t for t in trials if t.number == here[0]["number"] or t.state.name != "WAITING"]
+        ranked = next_promotion(config, alone)
+        assert ranked is not None and ranked.number == here[0]["number"]
+
+
+def test_the_top_of_a_rung_breaks_ties_by_the_lower_number_as_asha_does():
+    """Four trials reached rung 100 with the same value; with reduction_factor 3 the top is one
+    trial, the lowest-numbered, as in asha's ranking, not every trial tied at the cutoff."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from sweep.schedulers.freeze_thaw import FreezeThaw
+
+    dist = {"learning_rate": FloatDistribution(1e-4, 1e-1, log=True)}
+    trials = []
+    for number in range(4):
+        t = create_trial(state=TrialState.WAITING, params={"learning_rate": 1e-3 * (number + 1)}, distributions=dist,
+                         intermediate_values={100: 0.5}, user_attrs={"paused_at": [100]})
+        t.number = number
+        trials.append(t)
+    del optuna
+    ft = FreezeThaw(type="freeze_thaw", min_steps=100, reduction_factor=3)
+    assert ft._top_of_rung(trials, 1) == {0}
+    assert ft._top_of_rung(trials[1:], 1) == {1}
