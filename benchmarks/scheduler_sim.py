@@ -166,12 +166,23 @@ def _regret(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def _by_family(results: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[tuple[str, int]], dict]]:
-    """family -> (methods, (task, seed) keys, (task, seed, method) -> result)."""
+    """family -> (methods, (task, seed) keys, (task, seed, method) -> result). A method that ran on
+    only some of a family's (task, seed) pairs is left out of the family's entry and gets one of its
+    own, "family, the N pairs <method> ran", where every method is compared on those pairs only
+    (a mean over other pairs would not compare)."""
     out = {}
     for family in dict.fromkeys(r.get("family", "lcbench") for r in results):
         mine = [r for r in results if r.get("family", "lcbench") == family]
-        out[family] = (list(dict.fromkeys(r["method"] for r in mine)), sorted({(r["task"], r["seed"]) for r in mine}),
-                       {(r["task"], r["seed"], r["method"]): r for r in mine})
+        table = {(r["task"], r["seed"], r["method"]): r for r in mine}
+        names = list(dict.fromkeys(r["method"] for r in mine))
+        keys = sorted({(r["task"], r["seed"]) for r in mine})
+        ran = {m: [k for k in keys if k + (m,) in table] for m in names}
+        full = [m for m in names if len(ran[m]) == len(keys)]
+        out[family] = (full, keys, table)
+        for m in names:
+            if m not in full:
+                shared = [k for k in ran[m] if all(k + (n,) in table for n in full)]
+                out[f"{family}, the {len(shared)} pairs {m} ran"] = (full + [m], shared, table)
     return out
 
 

@@ -16,3 +16,28 @@ def test_no_checkpoints_stand_in_has_every_public_method_of_trial_checkpoints():
     public = {name for name, _ in inspect.getmembers(TrialCheckpoints, inspect.isfunction) if not name.startswith("_")}
     assert public <= set(dir(module.NoCheckpoints)), public - set(dir(module.NoCheckpoints))
     assert hasattr(module.NoCheckpoints, "last_saved")
+
+
+def test_the_scheduler_report_compares_a_method_that_ran_on_some_pairs_only_on_those():
+    """benchmarks/scheduler_sim.py --report: a method with results for only some (task, seed)
+    pairs is left out of the family's table and gets a table of its own over those pairs, where
+    every method's mean is over the same pairs."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("scheduler_sim", REPO / "benchmarks" / "scheduler_sim.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def row(method: str, seed: int, best: float) -> dict:
+        return {"family": "f", "task": "t", "method": method, "seed": seed, "best": [best] * 4, "y_star": 0.0,
+                "y_worst": 1.0}
+
+    results = [row("a", s, 0.5) for s in range(4)] + [row("b", s, 0.1 * s) for s in range(4)] + [row("c", 0, 0.2)]
+    lines: list[str] = []
+    module.report(results, out=lines.append)
+    titles = [x for x in lines if x.startswith("f")]
+    assert titles[0].startswith("f: 4 (task, seed) pairs") and titles[1].startswith("f, the 1 pairs c ran: 1 ")
+    tables = "\n".join(lines).split("\n\n")
+    assert "| c |" not in tables[0] and "| b | 0.1500 [" in tables[0]
+    assert "| b | 0.0000 [" in tables[1] and "| c | 0.2000 [" in tables[1]
