@@ -39,6 +39,7 @@ FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 GRID = tuple(round(0.05 * k, 2) for k in range(1, 21))  # the figure's budget fractions
 WORKERS = 4
 FULL_TRIALS = 30  # the budget: this many trials' worth of steps
+N_TRIALS = 100_000  # n_trials of each study: the budget of steps ends it first, unless --n-trials says fewer
 
 
 def methods(steps: int, min_steps: int) -> dict[str, dict[str, Any]]:
@@ -150,8 +151,8 @@ def best_within(sim: Any, budget: int, fractions: Sequence[float] = FRACTIONS) -
 def run_one(bench: Any, name: str, method: dict[str, Any], seed: int) -> dict[str, Any]:
     budget = FULL_TRIALS * bench.steps
     start = time.perf_counter()
-    sim = simulate(study(bench, method, seed), bench, workers=WORKERS, max_steps=budget)
-    return {"method": name, "seed": seed, "budget": FULL_TRIALS, "best": best_within(sim, budget),
+    sim = simulate(study(bench, method, seed, N_TRIALS), bench, workers=WORKERS, max_steps=budget)
+    return {"method": name, "seed": seed, "budget": FULL_TRIALS, "workers": WORKERS, "best": best_within(sim, budget),
             "curve": best_within(sim, budget, GRID), "trials": len(sim.trials),
             "seconds": time.perf_counter() - start, "y_star": bench.y_star, "y_worst": bench.y_worst}
 
@@ -193,9 +194,10 @@ def report(results: list[dict[str, Any]], out: Callable[[str], None] = print) ->
         stacked = np.stack([regret[m] for m in names])  # (methods, runs, fractions)
         ranks = scipy.stats.rankdata(stacked, axis=0)  # ties share their mean rank
         budgets = sorted({r.get("budget", FULL_TRIALS) for r in table.values()})
+        workers = sorted({r.get("workers", 4) for r in table.values()})  # 4: results from before --workers
         tasks = sorted({k[0] for k in keys})
         out(f"{family}: {len(keys)} (task, seed) pairs (tasks {', '.join(map(str, tasks))}); budget {budgets} "
-            f"full trials of steps; {WORKERS} workers")
+            f"full trials of steps; {'/'.join(map(str, workers))} workers")
         out("| method | " + " | ".join(f"regret @{int(f * 100)}%" for f in FRACTIONS) + " | "
             + " | ".join(f"rank @{int(f * 100)}%" for f in FRACTIONS) + " |")
         out("|---" * (1 + 2 * len(FRACTIONS)) + "|")
@@ -256,18 +258,20 @@ def _seeds(text: str) -> list[int]:
 
 
 def main() -> None:
-    global FULL_TRIALS
+    global FULL_TRIALS, WORKERS, N_TRIALS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", default="lcbench", choices=FAMILIES)
     parser.add_argument("--tasks", default="3945")
     parser.add_argument("--seeds", default="0-1")
     parser.add_argument("--methods", default=None, help="comma-separated; default: all")
     parser.add_argument("--budget", type=int, default=FULL_TRIALS, help="full trials' worth of steps")
+    parser.add_argument("--workers", type=int, default=WORKERS, help="simulated workers")
+    parser.add_argument("--n-trials", type=int, default=N_TRIALS, help="n_trials of each study (a real run's)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--report", default=None, nargs="+", help="print the report of results files")
     parser.add_argument("--figure", default=None, type=Path, help="with --report: draw regret against budget (PNG)")
     args = parser.parse_args()
-    FULL_TRIALS = args.budget
+    FULL_TRIALS, WORKERS, N_TRIALS = args.budget, args.workers, args.n_trials
     if args.report:
         results = [r for f in args.report for r in json.loads(Path(f).read_text())]
         report(results)
