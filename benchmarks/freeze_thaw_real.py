@@ -3,6 +3,7 @@ runs of the digits MLP (issue 40: "one real run confirms the simulator's ranking
 training steps").
 
     .venv/bin/python benchmarks/freeze_thaw_real.py --seeds 0 1 2 [--json-out FILE]
+    .venv/bin/python benchmarks/freeze_thaw_real.py --report FILE [FILE ...]   (the table of saved runs)
 
 The study is the simulator's digits_mlp family (benchmarks/scheduler_sim.py; the search space,
 2000 steps and an evaluation every 100 of benchmarks/data/curves/digits_mlp.json), run for real
@@ -15,7 +16,9 @@ seeded):
 Each side's n_trials is set so that it spends more than B = 15 full trials' worth of steps
 (30,000: the simulator's 50% point); then, as benchmarks/schedulers.py does, the best val_loss any
 evaluation reached within the first B training steps (in the order the log says they were
-trained), and within the first B/2, are compared per seed, beside the simulator's means there.
+trained), and within the first B/2, are compared per seed, beside the simulator's means there:
+the mean, the normalized regret as the simulator reports it (y* and y_worst of the recorded
+table) with a bootstrap 95% interval over the seeds, and the paired difference per seed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import yaml
 
@@ -71,11 +75,52 @@ def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
             "best_at_half": best_within(points, BUDGET // 2), "best_at_budget": best_within(points, BUDGET)}
 
 
+def report(rows: list[dict[str, Any]], out: Any = print) -> None:
+    """The table of RESULTS.md: per side and point, the mean best val_loss (each seed's), its
+    normalized regret with a bootstrap 95% interval over the seeds; then freeze_thaw minus the
+    pruner, paired by seed, with its interval and the seeds where freeze_thaw was lower."""
+    from scheduler_sim import Tabulated, bootstrap
+
+    bench = Tabulated("digits_mlp")
+    by = {(r["side"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    missing = [f"{side} seed {seed}" for seed in seeds for side in SIDES if (side, seed) not in by]
+    if missing:
+        raise SystemExit(f"no run of {', '.join(missing)}: each seed needs both sides")
+    points = {"best_at_half": BUDGET // 2, "best_at_budget": BUDGET}
+    rng = np.random.RandomState(0)
+    out(f"{len(seeds)} seeds ({', '.join(map(str, seeds))}); y* {bench.y_star:.4f}, y_worst {bench.y_worst:.4f}")
+    out("| side | " + " | ".join(f"val_loss within {n:,} steps (each seed) | regret" for n in points.values())
+        + " | steps spent | trials |")
+    out("|---" * (3 + 2 * len(points)) + "|")
+    values = {side: {k: np.array([by[side, s][k] for s in seeds]) for k in points} for side in SIDES}
+    for side in SIDES:
+        cells = []
+        for key in points:
+            v = values[side][key]
+            regret = (v - bench.y_star) / (bench.y_worst - bench.y_star)
+            lo, hi = bootstrap(regret, rng)
+            cells += [f"{v.mean():.4f} ({', '.join(f'{x:.4f}' for x in v)})", f"{regret.mean():.3f} [{lo:.3f}, {hi:.3f}]"]
+        spent = [by[side, s]["steps"] for s in seeds]
+        trials = [by[side, s]["trials"] for s in seeds]
+        out(f"| {side} | " + " | ".join(cells) + f" | {statistics.mean(spent):,.0f} | {statistics.mean(trials):.0f} |")
+    for key, n in points.items():
+        diff = values["freeze_thaw"][key] - values["tpe+median"][key]
+        lo, hi = bootstrap(diff, rng)
+        out(f"within {n:,} steps, freeze_thaw minus tpe+median: {diff.mean():+.4f} [{lo:+.4f}, {hi:+.4f}]; "
+            f"freeze_thaw lower in {int((diff < 0).sum())}, equal in {int((diff == 0).sum())}, "
+            f"higher in {int((diff > 0).sum())} of {len(seeds)} seeds")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--report", type=Path, nargs="+", default=None, help="print the table of saved runs")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        report([row for path in args.report for row in json.loads(path.read_text())])
+        return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sweep-freeze-thaw-") as tmp:
@@ -85,18 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
     short = [r["side"] for r in rows if r["steps"] < BUDGET]
     assert not short, f"spent fewer than B = {BUDGET} steps: {short} (raise their n_trials)"
-    print(f"\n| side | best val_loss within {BUDGET // 2} steps, mean (each seed) | within {BUDGET} steps, mean "
-          "(each seed) | trials | steps spent |")
-    print("|---|---|---|---|---|")
-    for side in SIDES:
-        mine = [r for r in rows if r["side"] == side]
-        cells = [f"{statistics.mean(r[k] for r in mine):.4f} ({', '.join(f'{r[k]:.4f}' for r in mine)})"
-                 for k in ("best_at_half", "best_at_budget")]
-        print(f"| {side} | {cells[0]} | {cells[1]} | {statistics.mean(r['trials'] for r in mine):.0f} | "
-              f"{statistics.mean(r['steps'] for r in mine):.0f} |")
-    wins = sum(f["best_at_budget"] < m["best_at_budget"] for f, m in zip(
-        (r for r in rows if r["side"] == "freeze_thaw"), (r for r in rows if r["side"] == "tpe+median")))
-    print(f"\nfreeze_thaw lower within {BUDGET} steps in {wins} of {len(args.seeds)} seeds")
+    print()
+    report(rows)
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(rows, indent=1))
     return 0

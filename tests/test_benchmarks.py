@@ -41,3 +41,33 @@ def test_the_scheduler_report_compares_a_method_that_ran_on_some_pairs_only_on_t
     tables = "\n".join(lines).split("\n\n")
     assert "| c |" not in tables[0] and "| b | 0.1500 [" in tables[0]
     assert "| b | 0.0000 [" in tables[1] and "| c | 0.2000 [" in tables[1]
+
+
+def test_the_real_freeze_thaw_report_pairs_each_seed_and_refuses_a_seed_with_one_side():
+    """benchmarks/freeze_thaw_real.py --report: means per side, freeze_thaw minus the pruner paired
+    by seed with the seeds it was lower in; a seed run by one side only is named, not averaged."""
+    import sys
+
+    import pytest
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("freeze_thaw_real", REPO / "benchmarks" / "freeze_thaw_real.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def row(side: str, seed: int, half: float, budget: float) -> dict:
+        return {"side": side, "seed": seed, "trials": 10, "steps": 40_000, "best_at_half": half, "best_at_budget": budget}
+
+    rows = [row("tpe+median", 0, 0.05, 0.03), row("freeze_thaw", 0, 0.04, 0.04),
+            row("tpe+median", 1, 0.06, 0.05), row("freeze_thaw", 1, 0.04, 0.03)]
+    lines: list[str] = []
+    module.report(rows, out=lines.append)
+    assert lines[0].startswith("2 seeds (0, 1)")
+    assert "| tpe+median | 0.0550 (0.0500, 0.0600) |" in lines[3]
+    assert "| freeze_thaw | 0.0400 (0.0400, 0.0400) |" in lines[4] and "(0.0400, 0.0300)" in lines[4]
+    assert lines[5].startswith("within 15,000 steps, freeze_thaw minus tpe+median: -0.0150 [")
+    assert lines[5].endswith("lower in 2, equal in 0, higher in 0 of 2 seeds")
+    assert lines[6].startswith("within 30,000 steps, freeze_thaw minus tpe+median: -0.0050 [")
+    assert lines[6].endswith("lower in 1, equal in 0, higher in 1 of 2 seeds")
+    with pytest.raises(SystemExit, match="no run of tpe\\+median seed 2"):
+        module.report(rows + [row("freeze_thaw", 2, 0.04, 0.03)], out=lines.append)
