@@ -18,16 +18,22 @@ def test_no_checkpoints_stand_in_has_every_public_method_of_trial_checkpoints():
     assert hasattr(module.NoCheckpoints, "last_saved")
 
 
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module (its siblings importable, as when run as a script)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_scheduler_report_compares_a_method_that_ran_on_some_pairs_only_on_those():
     """benchmarks/scheduler_sim.py --report: a method with results for only some (task, seed)
     pairs is left out of the family's table and gets a table of its own over those pairs, where
     every method's mean is over the same pairs."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("scheduler_sim", REPO / "benchmarks" / "scheduler_sim.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("scheduler_sim")
 
     def row(method: str, seed: int, best: float) -> dict:
         return {"family": "f", "task": "t", "method": method, "seed": seed, "best": [best] * 4, "y_star": 0.0,
@@ -46,14 +52,9 @@ def test_the_scheduler_report_compares_a_method_that_ran_on_some_pairs_only_on_t
 def test_the_real_freeze_thaw_report_pairs_each_seed_and_refuses_a_seed_with_one_side():
     """benchmarks/freeze_thaw_real.py --report: means per side, freeze_thaw minus the pruner paired
     by seed with the seeds it was lower in; a seed run by one side only is named, not averaged."""
-    import sys
-
     import pytest
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("freeze_thaw_real", REPO / "benchmarks" / "freeze_thaw_real.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("freeze_thaw_real")
 
     def row(side: str, seed: int, half: float, budget: float) -> dict:
         return {"side": side, "seed": seed, "trials": 10, "steps": 40_000, "best_at_half": half, "best_at_budget": budget}
