@@ -14,7 +14,10 @@ seeded):
   freeze_thaw   scheduler freeze_thaw (min_steps 100, reduction_factor 3)
 
 Each side's n_trials is set so that it spends more than B = 15 full trials' worth of steps
-(30,000: the simulator's 50% point); then, as benchmarks/schedulers.py does, the best val_loss any
+(30,000: the simulator's 50% point); a run is stopped with SIGTERM once its log shows it past B
+(nothing after B is compared, and with one worker nothing after B changes what came before; runs
+saved before this stop, seeds 0-6, went to their end: their `steps` and `trials` are the whole
+run's); then, as benchmarks/schedulers.py does, the best val_loss any
 evaluation reached within the first B training steps (in the order the log says they were
 trained), and within the first B/2, are compared per seed, beside the simulator's means there:
 the mean, the normalized regret as the simulator reports it (y* and y_worst of the recorded
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +40,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from schedulers import REPO, best_within, curve  # noqa: E402
+from schedulers import END, REPO, best_within, curve  # noqa: E402
 
 TABLE = json.loads((Path(__file__).resolve().parent / "data" / "curves" / "digits_mlp.json").read_text())
 STEPS, EVERY = TABLE["steps"], TABLE["eval_every"]
@@ -51,8 +53,31 @@ SIDES: dict[str, dict[str, Any]] = {
 }
 
 
-def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
+def run_until(command: list[str], budget: int) -> tuple[str, bool]:
+    """Run `sweep run`, reading its log as it goes; SIGTERM it once the segments its log has ended
+    (as `curve` counts them) pass `budget` steps. The log, and whether it was stopped."""
+    import signal
     import subprocess
+
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines, at, spent, stopped = [], {}, 0, False
+    for line in process.stderr:
+        lines.append(line)
+        m = END.search(line.strip())
+        if m and not stopped:
+            number, end = int(m.group(1)), int(m.group(2) or m.group(3))
+            spent += max(0, end - at.get(number, 0))
+            at[number] = max(at.get(number, 0), end)
+            if spent > budget:
+                process.send_signal(signal.SIGTERM)
+                stopped = True
+    code = process.wait()
+    if code != (143 if stopped else 0):
+        raise SystemExit(f"{command[-1]}: exit {code}\n{''.join(lines)[-3000:]}")
+    return "".join(lines), stopped
+
+
+def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
 
     name = f"{side.replace('+', '-')}-{seed}"
     data = {"name": name, "trial": TABLE["trial"], "objective": TABLE["objective"],
@@ -63,15 +88,15 @@ def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "sweep", "run", str(path)], cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{side} seed {seed}: exit {result.returncode}\n{result.stderr[-3000:]}")
+    log, stopped = run_until([sys.executable, "-m", "sweep", "run", str(path)], BUDGET)
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder / name / 'study.db'}")
     trials = study.get_trials(deepcopy=False)
-    points = curve(result.stderr, trials)
+    points = curve(log, trials)
     steps = sum(max(t.intermediate_values, default=0) for t in trials)
-    assert max(p[0] for p in points) == steps, (side, seed)  # the log's order accounts for every step
-    return {"side": side, "seed": seed, "trials": len(trials), "steps": steps, "seconds": time.perf_counter() - start,
+    # the log's order accounts for every step (a stopped run: but the stopped trials' last ones)
+    assert max(p[0] for p in points) == steps or stopped and max(p[0] for p in points) > BUDGET, (side, seed)
+    return {"side": side, "seed": seed, "trials": len(trials), "steps": steps, "stopped": stopped,
+            "seconds": time.perf_counter() - start,
             "best_at_half": best_within(points, BUDGET // 2), "best_at_budget": best_within(points, BUDGET)}
 
 
@@ -90,9 +115,8 @@ def report(rows: list[dict[str, Any]], out: Any = print) -> None:
     points = {"best_at_half": BUDGET // 2, "best_at_budget": BUDGET}
     rng = np.random.RandomState(0)
     out(f"{len(seeds)} seeds ({', '.join(map(str, seeds))}); y* {bench.y_star:.4f}, y_worst {bench.y_worst:.4f}")
-    out("| side | " + " | ".join(f"val_loss within {n:,} steps (each seed) | regret" for n in points.values())
-        + " | steps spent | trials |")
-    out("|---" * (3 + 2 * len(points)) + "|")
+    out("| side | " + " | ".join(f"val_loss within {n:,} steps (each seed) | regret" for n in points.values()) + " |")
+    out("|---" * (1 + 2 * len(points)) + "|")
     values = {side: {k: np.array([by[side, s][k] for s in seeds]) for k in points} for side in SIDES}
     for side in SIDES:
         cells = []
@@ -101,9 +125,7 @@ def report(rows: list[dict[str, Any]], out: Any = print) -> None:
             regret = (v - bench.y_star) / (bench.y_worst - bench.y_star)
             lo, hi = bootstrap(regret, rng)
             cells += [f"{v.mean():.4f} ({', '.join(f'{x:.4f}' for x in v)})", f"{regret.mean():.3f} [{lo:.3f}, {hi:.3f}]"]
-        spent = [by[side, s]["steps"] for s in seeds]
-        trials = [by[side, s]["trials"] for s in seeds]
-        out(f"| {side} | " + " | ".join(cells) + f" | {statistics.mean(spent):,.0f} | {statistics.mean(trials):.0f} |")
+        out(f"| {side} | " + " | ".join(cells) + " |")
     for key, n in points.items():
         diff = values["freeze_thaw"][key] - values["tpe+median"][key]
         lo, hi = bootstrap(diff, rng)
@@ -128,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             for side in SIDES:
                 rows.append(run_side(Path(tmp), side, seed))
                 print(json.dumps(rows[-1]), flush=True)
-    short = [r["side"] for r in rows if r["steps"] < BUDGET]
+    short = [r["side"] for r in rows if r["steps"] < BUDGET and not r["stopped"]]
     assert not short, f"spent fewer than B = {BUDGET} steps: {short} (raise their n_trials)"
     print()
     report(rows)
