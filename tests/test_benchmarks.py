@@ -72,3 +72,25 @@ def test_the_real_freeze_thaw_report_pairs_each_seed_and_refuses_a_seed_with_one
     assert lines[6].endswith("lower in 1, equal in 0, higher in 1 of 2 seeds")
     with pytest.raises(SystemExit, match="no run of tpe\\+median seed 2"):
         module.report(rows + [row("freeze_thaw", 2, 0.04, 0.03)], out=lines.append)
+
+
+def test_the_sampler_sees_a_paused_trial_as_pruned_and_nothing_else_changed():
+    """benchmarks/sampler_sees_paused.py: a paused trial (WAITING with paused_at and reports) is
+    PRUNED in the sampler's view; an enqueued WAITING trial and the others keep their state."""
+    import optuna
+    from optuna.trial import TrialState
+
+    module = _benchmark("sampler_sees_paused")
+    study = optuna.create_study()
+    done = study.ask()
+    study.tell(done, 1.0)
+    paused = study.ask()
+    paused.report(0.5, 100)
+    paused.set_user_attr("paused_at", [100])
+    study._storage.set_trial_state_values(paused._trial_id, TrialState.WAITING)
+    study.enqueue_trial({})
+    view = module.PausedAsPruned(study)
+    states = {t.number: t.state for t in view.get_trials(deepcopy=False)}
+    assert states == {0: TrialState.COMPLETE, 1: TrialState.PRUNED, 2: TrialState.WAITING}
+    assert [t.number for t in view._get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))] == [0, 1]
+    assert study.trials[1].state == TrialState.WAITING  # the storage is left as it was

@@ -1,0 +1,139 @@
+"""What TPE gains where it sees paused trials: asha and freeze_thaw in the scheduler simulator, with
+the sampler as a run has it and with paused trials shown to it as PRUNED (issue 40 item 4).
+
+    .venv/bin/python benchmarks/sampler_sees_paused.py --family digits_mlp --seeds 100-119 --out FILE
+    .venv/bin/python benchmarks/sampler_sees_paused.py --family digits_mlp --seeds 0-4 --count-random
+
+Why: Optuna's TPESampler learns from COMPLETE and PRUNED trials only (optuna/samplers/_tpe/
+sampler.py: `_sample_relative`, `sample_independent`), and samples at random until
+`n_startup_trials` of them exist. A trial paused by a sweep scheduler is WAITING until it goes on
+or the study ends (docs/schedulers.md, "How a paused trial looks in Optuna's storage"), so under
+asha and freeze_thaw TPE samples at random for most of a study: in the simulator's digits MLP with
+asha, every trial started before 50% of the budget was sampled at random. Optuna's own pruners
+mark a stopped trial PRUNED, and TPE ranks PRUNED trials by the step they reached and their value
+there, which is what a paused trial is until it goes on. The "+sees paused" methods show the
+sampler each paused trial (WAITING with `paused_at`) as PRUNED at its last report; nothing else
+changes (a benchmark-only patch of sweep's RestartProofSampler, not the product's behaviour).
+Development seeds only (100-119): the held-out 0-19 are the tables' own. `--count-random` only
+counts, per seed, the trials started and those TPE sampled at random within 25% and 50% of the
+budget (fewer than its n_startup_trials, 10, trials COMPLETE or PRUNED as it started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import optuna
+from optuna.trial import TrialState
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scheduler_sim as sim  # noqa: E402
+from sweep.store import samplers  # noqa: E402
+from sweep.run.simulator import simulate  # noqa: E402
+from sweep.store.record import PAUSED_AT  # noqa: E402
+
+
+class PausedAsPruned:
+    """The study as the sampler sees it: a paused trial (WAITING with `paused_at`, reports so far)
+    is PRUNED at its last report."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[Any]:
+        out = []
+        for t in self._study._get_trials(deepcopy=False, states=None, use_cache=use_cache):
+            if t.state == TrialState.WAITING and t.user_attrs.get(PAUSED_AT) and t.intermediate_values:
+                t = copy.copy(t)
+                t.state = TrialState.PRUNED
+            if states is None or t.state in states:
+                out.append(t)
+        return out
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        return self._get_trials(deepcopy, states)
+
+
+@contextlib.contextmanager
+def sampler_sees_paused() -> Iterator[None]:
+    cls = samplers.RestartProofSampler
+    saved = {n: getattr(cls, n) for n in ("infer_relative_search_space", "sample_relative", "sample_independent")}
+    cls.infer_relative_search_space = lambda self, study, trial: saved["infer_relative_search_space"](
+        self, PausedAsPruned(study), trial)
+    cls.sample_relative = lambda self, study, trial, space: saved["sample_relative"](self, PausedAsPruned(study), trial, space)
+    cls.sample_independent = lambda self, study, trial, name, dist: saved["sample_independent"](
+        self, PausedAsPruned(study), trial, name, dist)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(cls, n, f)
+
+
+def count_random(bench: Any, method: dict[str, Any], seed: int, startup: int = 10) -> str:
+    """Trials started, those sampled at random, and trials finished, within 25% and 50% of the budget."""
+    budget = sim.FULL_TRIALS * bench.steps
+    run = simulate(sim.study(bench, method, seed), bench, workers=sim.WORKERS, max_steps=budget)
+    cells = []
+    for share in (0.25, 0.5):
+        until = max((r.time for r in run.reports if r.used <= share * budget), default=0.0)
+        started = at_random = finished = 0
+        for d in sorted(run.decisions, key=lambda d: d.time):  # sorted() is stable: ties keep their order
+            if d.time > until:
+                break
+            finished += d.kind in ("complete", "prune", "end")
+            if d.kind == "start":
+                started += 1
+                at_random += finished < startup
+        cells.append(f"@{int(share * 100)}%: {started} started, {at_random} at random, {finished} finished")
+    return "; ".join(cells)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sim.FAMILIES, default="digits_mlp")
+    parser.add_argument("--tasks", default="")
+    parser.add_argument("--seeds", type=sim._seeds, default=sim._seeds("100-119"))
+    parser.add_argument("--methods", default="asha,tpe+median")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--count-random", action="store_true", help="count the trials TPE sampled at random")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.count_random:
+        for bench in sim.benches(args.family, args.tasks):
+            every = sim.methods(bench.steps, bench.min_steps)
+            for name in args.methods.split(","):
+                for seed in args.seeds:
+                    print(f"{bench.task} {name} seed {seed} {count_random(bench, every[name], seed)}", flush=True)
+        return
+    if args.out is None:
+        parser.error("--out is required (but with --count-random)")
+    rows = []
+    for bench in sim.benches(args.family, args.tasks):
+        every = sim.methods(bench.steps, bench.min_steps)
+        for name in args.methods.split(","):
+            variants = [(name, contextlib.nullcontext)]
+            if "scheduler" in every[name]:
+                variants.append((f"{name}+sees paused", sampler_sees_paused))
+            for label, patch in variants:
+                for seed in args.seeds:
+                    with patch():
+                        row = sim.run_one(bench, label, every[name], seed)
+                    rows.append({"family": args.family, "task": str(bench.task), **row})
+                    print(json.dumps({k: row[k] for k in ("method", "seed", "best", "trials")}), flush=True)
+    args.out.write_text(json.dumps(rows))
+    sim.report(rows)
+
+
+if __name__ == "__main__":
+    main()
