@@ -167,14 +167,24 @@ def _regret(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def _by_family(results: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[tuple[str, int]], dict]]:
-    """family -> (methods, (task, seed) keys, (task, seed, method) -> result). A method that ran on
+    """family -> (methods, (task, seed) keys, (task, seed, method) -> result); runs with another
+    worker count than 4 are a family of their own ("digits_mlp, 1 workers"), and a (task, seed,
+    method) given twice is refused (exit with its name). A method that ran on
     only some of a family's (task, seed) pairs is left out of the family's entry and gets one of its
     own, "family, the N pairs <method> ran", where every method is compared on those pairs only
     (a mean over other pairs would not compare)."""
+    def group(r: dict[str, Any]) -> str:  # runs with other worker counts are another experiment
+        workers = r.get("workers", 4)  # 4: results from before --workers
+        return r.get("family", "lcbench") + ("" if workers == 4 else f", {workers} workers")
+
     out = {}
-    for family in dict.fromkeys(r.get("family", "lcbench") for r in results):
-        mine = [r for r in results if r.get("family", "lcbench") == family]
+    for family in dict.fromkeys(map(group, results)):
+        mine = [r for r in results if group(r) == family]
         table = {(r["task"], r["seed"], r["method"]): r for r in mine}
+        if len(table) < len(mine):
+            twice = sorted({k for k in table if sum((r["task"], r["seed"], r["method"]) == k for r in mine) > 1})
+            raise SystemExit(f"{family}: results repeat (task, seed, method) {twice[0]} ({len(twice)} in all): "
+                             "give the files of one experiment")
         names = list(dict.fromkeys(r["method"] for r in mine))
         keys = sorted({(r["task"], r["seed"]) for r in mine})
         ran = {m: [k for k in keys if k + (m,) in table] for m in names}

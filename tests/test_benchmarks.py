@@ -94,3 +94,23 @@ def test_the_sampler_sees_a_paused_trial_as_pruned_and_nothing_else_changed():
     assert states == {0: TrialState.COMPLETE, 1: TrialState.PRUNED, 2: TrialState.WAITING}
     assert [t.number for t in view._get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))] == [0, 1]
     assert study.trials[1].state == TrialState.WAITING  # the storage is left as it was
+
+
+def test_the_scheduler_report_keeps_other_worker_counts_apart_and_refuses_a_run_given_twice():
+    """benchmarks/scheduler_sim.py --report: one-worker runs get their own table instead of
+    replacing the 4-worker runs of the same (task, seed, method); the same run twice is refused."""
+    import pytest
+
+    module = _benchmark("scheduler_sim")
+
+    def row(seed: int, best: float, **more: int) -> dict:
+        return {"family": "f", "task": "t", "method": "a", "seed": seed, "best": [best] * 4, "y_star": 0.0,
+                "y_worst": 1.0, **more}
+
+    lines: list[str] = []
+    module.report([row(0, 0.5), row(1, 0.5), row(0, 0.1, workers=1), row(1, 0.3, workers=1)], out=lines.append)
+    tables = "\n".join(lines).split("\n\n")
+    assert tables[0].startswith("f: 2 ") and "| a | 0.5000 [" in tables[0]
+    assert tables[1].startswith("f, 1 workers: 2 ") and "| a | 0.2000 [" in tables[1]
+    with pytest.raises(SystemExit, match=r"f: results repeat \(task, seed, method\) \('t', 1, 'a'\)"):
+        module.report([row(0, 0.5), row(1, 0.5), row(1, 0.4)], out=lines.append)
