@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -80,23 +81,51 @@ def sampler_sees_paused() -> Iterator[None]:
             setattr(cls, n, f)
 
 
-def count_random(bench: Any, method: dict[str, Any], seed: int, startup: int = 10) -> str:
-    """Trials started, those sampled at random, and trials finished, within 25% and 50% of the budget."""
+def variants(name: str, method: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The method as it is and, with a scheduler, the one whose sampler sees paused trials."""
+    out: list[tuple[str, Any]] = [(name, contextlib.nullcontext)]
+    if "scheduler" in method:
+        out.append((f"{name}+sees paused", sampler_sees_paused))
+    return out
+
+
+def count_random(bench: Any, method: dict[str, Any], seed: int, sees_paused: bool,
+                 startup: int = 10) -> list[list[int]]:
+    """Trials started, those sampled at random, trials finished, and the distinct curves the
+    started ones got (a table of recorded curves serves a nearby configuration the same curve
+    again), within 25% and 50% of the budget."""
     budget = sim.FULL_TRIALS * bench.steps
-    run = simulate(sim.study(bench, method, seed), bench, workers=sim.WORKERS, max_steps=budget)
+    curves: dict[int, int] = {}  # trial number -> id of the curve it trained along
+
+    def table(number: int, params: Any) -> Any:
+        curve = bench(number, params)
+        curves[number] = id(curve)
+        return curve
+
+    run = simulate(sim.study(bench, method, seed), table, workers=sim.WORKERS, max_steps=budget)
     cells = []
     for share in (0.25, 0.5):
         until = max((r.time for r in run.reports if r.used <= share * budget), default=0.0)
-        started = at_random = finished = 0
+        started, at_random, finished, paused = [], 0, 0, set()
         for d in sorted(run.decisions, key=lambda d: d.time):  # sorted() is stable: ties keep their order
             if d.time > until:
                 break
             finished += d.kind in ("complete", "prune", "end")
+            if d.kind == "pause":
+                paused.add(d.number)
+            elif d.kind in ("promote", "end"):
+                paused.discard(d.number)
             if d.kind == "start":
-                started += 1
-                at_random += finished < startup
-        cells.append(f"@{int(share * 100)}%: {started} started, {at_random} at random, {finished} finished")
-    return "; ".join(cells)
+                started.append(d.number)
+                at_random += finished + (len(paused) if sees_paused else 0) < startup
+        distinct = len({curves[n] for n in started})
+        cells.append([len(started), at_random, finished, distinct])
+    return cells
+
+
+def counts_text(cells: list[list[float]]) -> str:
+    return "; ".join(f"@{share}%: {a:.1f} started, {b:.1f} at random, {c:.1f} finished, {d:.1f} distinct curves"
+                     for share, (a, b, c, d) in zip((25, 50), cells))
 
 
 def main() -> None:
@@ -113,8 +142,14 @@ def main() -> None:
         for bench in sim.benches(args.family, args.tasks):
             every = sim.methods(bench.steps, bench.min_steps)
             for name in args.methods.split(","):
-                for seed in args.seeds:
-                    print(f"{bench.task} {name} seed {seed} {count_random(bench, every[name], seed)}", flush=True)
+                for label, patch in variants(name, every[name]):
+                    each = []
+                    for seed in args.seeds:
+                        with patch():
+                            each.append(count_random(bench, every[name], seed, patch is sampler_sees_paused))
+                        print(f"{bench.task} {label} seed {seed} {counts_text(each[-1])}", flush=True)
+                    mean = np.mean(np.array(each, dtype=float), axis=0).tolist()
+                    print(f"{bench.task} {label} mean of {len(each)} seeds {counts_text(mean)}", flush=True)
         return
     if args.out is None:
         parser.error("--out is required (but with --count-random)")
@@ -122,10 +157,7 @@ def main() -> None:
     for bench in sim.benches(args.family, args.tasks):
         every = sim.methods(bench.steps, bench.min_steps)
         for name in args.methods.split(","):
-            variants = [(name, contextlib.nullcontext)]
-            if "scheduler" in every[name]:
-                variants.append((f"{name}+sees paused", sampler_sees_paused))
-            for label, patch in variants:
+            for label, patch in variants(name, every[name]):
                 for seed in args.seeds:
                     with patch():
                         row = sim.run_one(bench, label, every[name], seed)
