@@ -40,7 +40,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from schedulers import END, REPO, best_within, curve  # noqa: E402
+from schedulers import REPO, best_within, curve, segment  # noqa: E402
 
 TABLE = json.loads((Path(__file__).resolve().parent / "data" / "curves" / "digits_mlp.json").read_text())
 STEPS, EVERY = TABLE["steps"], TABLE["eval_every"]
@@ -63,11 +63,9 @@ def run_until(command: list[str], budget: int) -> tuple[str, bool]:
     lines, at, spent, stopped = [], {}, 0, False
     for line in process.stderr:
         lines.append(line)
-        m = END.search(line.strip())
-        if m and not stopped:
-            number, end = int(m.group(1)), int(m.group(2) or m.group(3))
-            spent += max(0, end - at.get(number, 0))
-            at[number] = max(at.get(number, 0), end)
+        ended = segment(line, at)
+        if ended is not None and not stopped:
+            spent += max(0, ended[2] - ended[1])
             if spent > budget:
                 process.send_signal(signal.SIGTERM)
                 stopped = True
@@ -78,7 +76,6 @@ def run_until(command: list[str], budget: int) -> tuple[str, bool]:
 
 
 def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
-
     name = f"{side.replace('+', '-')}-{seed}"
     data = {"name": name, "trial": TABLE["trial"], "objective": TABLE["objective"],
             "search_space": TABLE["search_space"], "sampler": {**TPE, "seed": seed},

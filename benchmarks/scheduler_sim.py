@@ -18,6 +18,7 @@ reports do. Results go to a JSON file (`--out`), which `--report` prints again.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import sys
@@ -182,7 +183,8 @@ def _by_family(results: list[dict[str, Any]]) -> dict[str, tuple[list[str], list
         mine = [r for r in results if group(r) == family]
         table = {(r["task"], r["seed"], r["method"]): r for r in mine}
         if len(table) < len(mine):
-            twice = sorted({k for k in table if sum((r["task"], r["seed"], r["method"]) == k for r in mine) > 1})
+            given = collections.Counter((r["task"], r["seed"], r["method"]) for r in mine)
+            twice = sorted(k for k, n in given.items() if n > 1)
             raise SystemExit(f"{family}: results repeat (task, seed, method) {twice[0]} ({len(twice)} in all): "
                              "give the files of one experiment")
         names = list(dict.fromkeys(r["method"] for r in mine))

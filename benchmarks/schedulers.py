@@ -86,6 +86,19 @@ def run_side(folder: Path, side: str, seed: int, n_trials: int) -> dict[str, Any
 END = re.compile(r"trial (\d+): (?:paused at (?:rung|step) (\d+)|(?:complete|pruned), .* (\d+) steps$)")
 
 
+def segment(line: str, at: dict[int, int]) -> tuple[int, int, int] | None:
+    """(trial, from step, to step) where `line` ends a segment of its trial (a `paused at rung R`
+    or `complete/pruned ..., N steps` line), `at` holding each trial's step so far (updated); None
+    for any other line."""
+    m = END.search(line.strip())
+    if not m:
+        return None
+    number, end = int(m.group(1)), int(m.group(2) or m.group(3))
+    start = at.get(number, 0)
+    at[number] = max(start, end)
+    return number, start, end
+
+
 def curve(log: str, trials: list[Any]) -> list[tuple[int, float]]:
     """(training steps spent so far, value) of every evaluation, in the order they were trained:
     each `paused at rung R` or `complete/pruned ..., N steps` line ends a segment of its trial,
@@ -98,15 +111,12 @@ def curve(log: str, trials: list[Any]) -> list[tuple[int, float]]:
     at: dict[int, int] = {}
     spent, out = 0, []
     for line in log.splitlines():
-        m = END.search(line.strip())
-        if not m:
+        if (ended := segment(line, at)) is None:
             continue
-        number, end = int(m.group(1)), int(m.group(2) or m.group(3))
-        start = at.get(number, 0)
+        number, start, end = ended
         for step in sorted(s for s in values[number] if start < s <= end):
             out.append((spent + step - start, values[number][step]))
         spent += max(0, end - start)
-        at[number] = max(start, end)
     return out
 
 
