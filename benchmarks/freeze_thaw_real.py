@@ -4,6 +4,7 @@ training steps").
 
     .venv/bin/python benchmarks/freeze_thaw_real.py --seeds 0 1 2 [--json-out FILE]
     .venv/bin/python benchmarks/freeze_thaw_real.py --report FILE [FILE ...]   (the table of saved runs)
+    .venv/bin/python benchmarks/freeze_thaw_real.py --seeds 100 --sides tpe+median "freeze_thaw+rung view"
 
 The study is the simulator's digits_mlp family (benchmarks/scheduler_sim.py; the search space,
 2000 steps and an evaluation every 100 of benchmarks/data/curves/digits_mlp.json), run for real
@@ -12,6 +13,11 @@ seeded):
 
   tpe+median    pruner median (5 startup trials, 100 warm-up steps): the best pruner there
   freeze_thaw   scheduler freeze_thaw (min_steps 100, reduction_factor 3)
+
+and, benchmark-only (`--sides`; not the product's behaviour), freeze_thaw+rung view: freeze_thaw
+with its sampler seeing, BOHB's way, the trials at the highest step at least 10 trials reported,
+COMPLETE with their value there (benchmarks/sampler_views.py, put into every process of the run by
+sampler_view_site/sitecustomize.py).
 
 Each side's n_trials is set so that it spends more than B = 15 full trials' worth of steps
 (30,000: the simulator's 50% point); a run is stopped with SIGTERM once its log shows it past B
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -51,15 +58,19 @@ SIDES: dict[str, dict[str, Any]] = {
     "freeze_thaw": {"n_trials": 110, "pruner": {"type": "none"},
                     "scheduler": {"type": "freeze_thaw", "min_steps": EVERY, "reduction_factor": 3}},
 }
+# Benchmark-only variants (not the product's behaviour): a side run as another, with its sampler
+# seeing the study through a view of benchmarks/sampler_views.py in every process of the run.
+VARIANTS = {"freeze_thaw+rung view": ("freeze_thaw", "rung")}
+SITE = Path(__file__).resolve().parent / "sampler_view_site"
 
 
-def run_until(command: list[str], budget: int) -> tuple[str, bool]:
+def run_until(command: list[str], budget: int, env: dict[str, str] | None = None) -> tuple[str, bool]:
     """Run `sweep run`, reading its log as it goes; SIGTERM it once the segments its log has ended
     (as `curve` counts them) pass `budget` steps. The log, and whether it was stopped."""
     import signal
     import subprocess
 
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     lines, at, spent, stopped = [], {}, 0, False
     for line in process.stderr:
         lines.append(line)
@@ -76,16 +87,21 @@ def run_until(command: list[str], budget: int) -> tuple[str, bool]:
 
 
 def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
-    name = f"{side.replace('+', '-')}-{seed}"
+    name = f"{side.replace('+', '-').replace(' ', '-')}-{seed}"
+    base, view = VARIANTS.get(side, (side, None))
     data = {"name": name, "trial": TABLE["trial"], "objective": TABLE["objective"],
             "search_space": TABLE["search_space"], "sampler": {**TPE, "seed": seed},
             "train": {"steps": STEPS, "eval_every": EVERY, "seed": seed},
             "checkpoint": {"every_steps": EVERY, "keep_last": 1, "keep_best": 1, "max_write_share": None},
-            "workdir": str(folder / name), **SIDES[side]}
+            "workdir": str(folder / name), **SIDES[base]}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = None
+    if view is not None:
+        env = {**os.environ, "SWEEP_BENCH_SAMPLER_VIEW": view,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    log, stopped = run_until([sys.executable, "-m", "sweep", "run", str(path)], BUDGET)
+    log, stopped = run_until([sys.executable, "-m", "sweep", "run", str(path)], BUDGET, env)
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder / name / 'study.db'}")
     trials = study.get_trials(deepcopy=False)
     points = curve(log, trials)
@@ -106,16 +122,18 @@ def report(rows: list[dict[str, Any]], out: Any = print) -> None:
     bench = Tabulated("digits_mlp")
     by = {(r["side"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
-    missing = [f"{side} seed {seed}" for seed in seeds for side in SIDES if (side, seed) not in by]
+    # both sides of the check on every seed; a variant where it ran on every seed
+    sides = [*SIDES, *(v for v in VARIANTS if any(r["side"] == v for r in rows))]
+    missing = [f"{side} seed {seed}" for seed in seeds for side in sides if (side, seed) not in by]
     if missing:
-        raise SystemExit(f"no run of {', '.join(missing)}: each seed needs both sides")
+        raise SystemExit(f"no run of {', '.join(missing)}: each seed needs every side")
     points = {"best_at_half": BUDGET // 2, "best_at_budget": BUDGET}
     rng = np.random.RandomState(0)
     out(f"{len(seeds)} seeds ({', '.join(map(str, seeds))}); y* {bench.y_star:.4f}, y_worst {bench.y_worst:.4f}")
     out("| side | " + " | ".join(f"val_loss within {n:,} steps (each seed) | regret" for n in points.values()) + " |")
     out("|---" * (1 + 2 * len(points)) + "|")
-    values = {side: {k: np.array([by[side, s][k] for s in seeds]) for k in points} for side in SIDES}
-    for side in SIDES:
+    values = {side: {k: np.array([by[side, s][k] for s in seeds]) for k in points} for side in sides}
+    for side in sides:
         cells = []
         for key in points:
             v = values[side][key]
@@ -123,17 +141,20 @@ def report(rows: list[dict[str, Any]], out: Any = print) -> None:
             lo, hi = bootstrap(regret, rng)
             cells += [f"{v.mean():.4f} ({', '.join(f'{x:.4f}' for x in v)})", f"{regret.mean():.3f} [{lo:.3f}, {hi:.3f}]"]
         out(f"| {side} | " + " | ".join(cells) + " |")
-    for key, n in points.items():
-        diff = values["freeze_thaw"][key] - values["tpe+median"][key]
-        lo, hi = bootstrap(diff, rng)
-        out(f"within {n:,} steps, freeze_thaw minus tpe+median: {diff.mean():+.4f} [{lo:+.4f}, {hi:+.4f}]; "
-            f"freeze_thaw lower in {int((diff < 0).sum())}, equal in {int((diff == 0).sum())}, "
-            f"higher in {int((diff > 0).sum())} of {len(seeds)} seeds")
+    for side in sides[1:]:
+        for key, n in points.items():
+            diff = values[side][key] - values["tpe+median"][key]
+            lo, hi = bootstrap(diff, rng)
+            out(f"within {n:,} steps, {side} minus tpe+median: {diff.mean():+.4f} [{lo:+.4f}, {hi:+.4f}]; "
+                f"{side} lower in {int((diff < 0).sum())}, equal in {int((diff == 0).sum())}, "
+                f"higher in {int((diff > 0).sum())} of {len(seeds)} seeds")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--sides", nargs="+", choices=[*SIDES, *VARIANTS], default=list(SIDES),
+                        help="the sides to run on each seed (default: the two of the check)")
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="print the table of saved runs")
     args = parser.parse_args(argv)
@@ -144,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="sweep-freeze-thaw-") as tmp:
         for seed in args.seeds:
-            for side in SIDES:
+            for side in args.sides:
                 rows.append(run_side(Path(tmp), side, seed))
                 print(json.dumps(rows[-1]), flush=True)
     short = [r["side"] for r in rows if r["steps"] < BUDGET and not r["stopped"]]
     assert not short, f"spent fewer than B = {BUDGET} steps: {short} (raise their n_trials)"
     print()
-    report(rows)
+    if set(SIDES) <= set(args.sides):
+        report(rows)
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(rows, indent=1))
     return 0

@@ -14,6 +14,8 @@ mark a stopped trial PRUNED, and TPE ranks PRUNED trials by the step they reache
 there, which is what a paused trial is until it goes on. The "+sees paused" methods show the
 sampler each paused trial (WAITING with `paused_at`) as PRUNED at its last report; nothing else
 changes (a benchmark-only patch of sweep's RestartProofSampler, not the product's behaviour).
+The "+rung view" methods show it, BOHB's way, the trials at the highest step at least 10 trials
+reported, COMPLETE with their value there (benchmarks/sampler_views.py says both views).
 Development seeds only (100-119): the held-out 0-19 are the tables' own. `--count-random` only
 counts, per seed, the trials started and those TPE sampled at random within 25% and 50% of the
 budget (fewer than its n_startup_trials, 10, trials COMPLETE or PRUNED as it started).
@@ -23,69 +25,42 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import optuna
-from optuna.trial import TrialState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scheduler_sim as sim  # noqa: E402
-from sweep.store import samplers  # noqa: E402
+from sampler_views import PausedAsPruned, RungBelow, RungView, sampler_view  # noqa: E402,F401 (PausedAsPruned: tests)
 from sweep.run.simulator import simulate  # noqa: E402
-from sweep.store.record import PAUSED_AT  # noqa: E402
 
 
-class PausedAsPruned:
-    """The study as the sampler sees it: a paused trial (WAITING with `paused_at`, reports so far)
-    is PRUNED at its last report."""
-
-    def __init__(self, study: optuna.Study) -> None:
-        self._study = study
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-    def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[Any]:
-        out = []
-        for t in self._study._get_trials(deepcopy=False, states=None, use_cache=use_cache):
-            if t.state == TrialState.WAITING and t.user_attrs.get(PAUSED_AT) and t.intermediate_values:
-                t = copy.copy(t)
-                t.state = TrialState.PRUNED
-            if states is None or t.state in states:
-                out.append(t)
-        return out
-
-    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
-        return self._get_trials(deepcopy, states)
+def sampler_sees_paused() -> Any:
+    return sampler_view(PausedAsPruned)
 
 
-@contextlib.contextmanager
-def sampler_sees_paused() -> Iterator[None]:
-    cls = samplers.RestartProofSampler
-    saved = {n: getattr(cls, n) for n in ("infer_relative_search_space", "sample_relative", "sample_independent")}
-    cls.infer_relative_search_space = lambda self, study, trial: saved["infer_relative_search_space"](
-        self, PausedAsPruned(study), trial)
-    cls.sample_relative = lambda self, study, trial, space: saved["sample_relative"](self, PausedAsPruned(study), trial, space)
-    cls.sample_independent = lambda self, study, trial, name, dist: saved["sample_independent"](
-        self, PausedAsPruned(study), trial, name, dist)
-    try:
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(cls, n, f)
+def sampler_sees_rung() -> Any:
+    return sampler_view(RungView)
 
 
-def variants(name: str, method: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The method as it is and, with a scheduler, the one whose sampler sees paused trials."""
+def sampler_sees_rung_below() -> Any:
+    return sampler_view(RungBelow)
+
+
+def variants(name: str, method: dict[str, Any], rung: bool = True) -> list[tuple[str, Any]]:
+    """The method as it is and, with a scheduler, the ones whose sampler sees paused trials as
+    PRUNED and (`rung`) sees the trials at the highest step enough of them reported."""
     out: list[tuple[str, Any]] = [(name, contextlib.nullcontext)]
     if "scheduler" in method:
         out.append((f"{name}+sees paused", sampler_sees_paused))
+        if rung:
+            out.append((f"{name}+rung view", sampler_sees_rung))
+            out.append((f"{name}+rung below", sampler_sees_rung_below))
     return out
 
 
@@ -134,6 +109,8 @@ def main() -> None:
     parser.add_argument("--tasks", default="")
     parser.add_argument("--seeds", type=sim._seeds, default=sim._seeds("100-119"))
     parser.add_argument("--methods", default="asha,tpe+median")
+    parser.add_argument("--views", default="as is,sees paused,rung view",
+                        help="which of the variants to run (with --out): as is, sees paused, rung view")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--count-random", action="store_true", help="count the trials TPE sampled at random")
     args = parser.parse_args()
@@ -142,7 +119,7 @@ def main() -> None:
         for bench in sim.benches(args.family, args.tasks):
             every = sim.methods(bench.steps, bench.min_steps)
             for name in args.methods.split(","):
-                for label, patch in variants(name, every[name]):
+                for label, patch in variants(name, every[name], rung=False):
                     each = []
                     for seed in args.seeds:
                         with patch():
@@ -158,6 +135,8 @@ def main() -> None:
         every = sim.methods(bench.steps, bench.min_steps)
         for name in args.methods.split(","):
             for label, patch in variants(name, every[name]):
+                if (label[len(name) + 1:] or "as is") not in args.views.split(","):
+                    continue
                 for seed in args.seeds:
                     with patch():
                         row = sim.run_one(bench, label, every[name], seed)

@@ -62,6 +62,12 @@ def methods(steps: int, min_steps: int) -> dict[str, dict[str, Any]]:
         # benchmarks/results/sim_dev_digits.json, was the prototype's at commit 9b79a5e)
         "freeze_thaw_top": {"sampler": tpe, "scheduler": {"type": "freeze_thaw", "min_steps": min_steps,
                                                           "reduction_factor": 3}},
+        # the same with `sampler_sees: rung` (BOHB's rule: TPE learns from the trials at the highest
+        # step 10 of them reported, sweep/store/samplers.py RungView)
+        "asha+rung": {"sampler": tpe, "scheduler": {"type": "asha", "min_steps": min_steps, "reduction_factor": 3,
+                                                    "sampler_sees": "rung"}},
+        "freeze_thaw+rung": {"sampler": tpe, "scheduler": {"type": "freeze_thaw", "min_steps": min_steps,
+                                                           "reduction_factor": 3, "sampler_sees": "rung"}},
     }
 
 
@@ -227,7 +233,8 @@ def report(results: list[dict[str, Any]], out: Callable[[str], None] = print) ->
 
 LABELS = {"random": "random search", "tpe+sha": "TPE + SuccessiveHalving pruner", "tpe+hyperband": "TPE + Hyperband pruner",
           "tpe+median": "TPE + median pruner", "asha": "sweep asha", "hyperband": "sweep hyperband",
-          "freeze_thaw": "freeze-thaw prototype (beyond the top)", "freeze_thaw_top": "sweep freeze_thaw"}
+          "freeze_thaw": "freeze-thaw prototype (beyond the top)", "freeze_thaw_top": "sweep freeze_thaw",
+          "asha+rung": "sweep asha, sampler_sees: rung", "freeze_thaw+rung": "sweep freeze_thaw, sampler_sees: rung"}
 
 
 def figure(results: list[dict[str, Any]], path: Path) -> None:

@@ -53,6 +53,14 @@ def cache_trial(study: optuna.Study, frozen: Any) -> None:
         info.unfinished_trial_ids.add(frozen._trial_id)
 
 
+def trials_as_samplers_read(study: optuna.Study, use_cache: bool) -> list[FrozenTrial]:
+    """Every trial of the study, not copied, as Optuna's samplers read them: they call the private
+    `study._get_trials(deepcopy=False, states=..., use_cache=True)` (TPE's `_get_observation_pairs`
+    and `_split_trials` among others), so a view of the study a sampler reads
+    (sweep/store/samplers.py RungView) must answer that call, reading the study the same way."""
+    return study._get_trials(deepcopy=False, states=None, use_cache=use_cache)
+
+
 def forget_cached_trials(study: optuna.Study) -> None:
     """Drop the study's per-thread cache of all trials, as `study.ask` does after asking (no
     public API resets it; a stale cache would hide the trial just asked for from the sampler)."""

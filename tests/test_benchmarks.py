@@ -72,6 +72,13 @@ def test_the_real_freeze_thaw_report_pairs_each_seed_and_refuses_a_seed_with_one
     assert lines[6].endswith("lower in 1, equal in 0, higher in 1 of 2 seeds")
     with pytest.raises(SystemExit, match="no run of tpe\\+median seed 2"):
         module.report(rows + [row("freeze_thaw", 2, 0.04, 0.03)], out=lines.append)
+    variant = [row("freeze_thaw+rung view", 0, 0.03, 0.02), row("freeze_thaw+rung view", 1, 0.05, 0.04)]
+    lines = []
+    module.report(rows + variant, out=lines.append)  # a variant run on every seed: its row and its pairs
+    assert lines[5].startswith("| freeze_thaw+rung view | 0.0400 (0.0300, 0.0500) |")
+    assert lines[8].startswith("within 15,000 steps, freeze_thaw+rung view minus tpe+median: -0.0150 [")
+    with pytest.raises(SystemExit, match="no run of freeze_thaw\\+rung view seed 1"):
+        module.report(rows + variant[:1], out=lines.append)
 
 
 def test_the_sampler_sees_a_paused_trial_as_pruned_and_nothing_else_changed():
@@ -94,6 +101,33 @@ def test_the_sampler_sees_a_paused_trial_as_pruned_and_nothing_else_changed():
     assert states == {0: TrialState.COMPLETE, 1: TrialState.PRUNED, 2: TrialState.WAITING}
     assert [t.number for t in view._get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))] == [0, 1]
     assert study.trials[1].state == TrialState.WAITING  # the storage is left as it was
+
+
+def test_the_rung_view_shows_the_trials_at_the_highest_step_enough_reported_and_nothing_else():
+    """benchmarks/sampler_views.py RungView (BOHB's rule): before MIN_TRIALS trials reported at
+    one step the study is seen as it is; then the trials at the highest such step are COMPLETE
+    with their value there, the others hidden but the unfinished ones (not learned from)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    module = _benchmark("sampler_views")
+    study = optuna.create_study()
+    done = study.ask()
+    done.report(0.9, 100)
+    study.tell(done, 0.8)
+    view = module.RungView(study)
+    assert [(t.number, t.state, t.values) for t in view.get_trials()] == [(0, TrialState.COMPLETE, [0.8])]
+    paused = [study.ask() for _ in range(module.MIN_TRIALS)]  # paused at 100, the first 3 at 200
+    for i, trial in enumerate(paused):
+        trial.report(0.5 + i / 100, 100)
+        if i < 3:
+            trial.report(0.4 + i / 100, 200)
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+    seen = view._get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert [t.number for t in seen] == list(range(module.MIN_TRIALS + 1))  # 11 reported at 100
+    assert [t.values[0] for t in seen] == [0.9] + [0.5 + i / 100 for i in range(module.MIN_TRIALS)]
+    assert all(t.state == TrialState.WAITING for t in study.trials[1:])  # the storage is left as it was
+    assert study.trials[0].values == [0.8]
 
 
 def test_the_scheduler_report_keeps_other_worker_counts_apart_and_refuses_a_run_given_twice():

@@ -38,7 +38,7 @@ from sweep.errors import ConfigError
 from sweep.run.worker import decide
 from sweep.schedulers import base as scheduler
 from sweep.store.record import PAUSED_AT, best_of_reports
-from sweep.store.samplers import RestartProofSampler, build_pruner, build_sampler, suggest_all
+from sweep.store.samplers import build_pruner, restart_proof, suggest_all
 from sweep.store.session import Session
 from sweep.study.config import Config
 from sweep.words import count
@@ -114,7 +114,7 @@ class SimulatedSession(Session):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         storage = optuna.storages.InMemoryStorage()
-        sampler = RestartProofSampler(build_sampler(config), config.study.sampler.seed)
+        sampler = restart_proof(config)
         study = optuna.create_study(storage=storage, study_name=config.name, sampler=sampler,
                                     pruner=build_pruner(config), direction=config.study.objective.direction)
         self._storage, self._study = storage, study

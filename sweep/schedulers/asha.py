@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Annotated, Mapping, Sequence
+from typing import Annotated, Any, Literal, Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import Field, model_validator
@@ -49,11 +49,14 @@ class Promotion:
 
 
 class Asha(base.Scheduler):
-    """`scheduler: {type: asha, min_steps, reduction_factor}`: rungs at min_steps *
-    reduction_factor**k below train.steps (docs/schedulers.md)."""
+    """`scheduler: {type: asha, min_steps, reduction_factor, sampler_sees}`: rungs at min_steps *
+    reduction_factor**k below train.steps (docs/schedulers.md); what the sampler learns from:
+    the finished trials (Optuna's way) or, `rung`, the trials at the highest step enough of them
+    reported (sweep/store/samplers.py RungView)."""
 
     min_steps: Annotated[int, Field(ge=1, le=MAX_STEP)] | None = None
     reduction_factor: Annotated[int, Field(ge=2)] = 3
+    sampler_sees: Literal["finished", "rung"] = "finished"
 
     @model_validator(mode="after")
     def _required(self) -> Asha:
@@ -63,6 +66,13 @@ class Asha(base.Scheduler):
 
     def rungs(self, steps: int) -> list[int]:
         return list(_rungs(self.first, self.reduction_factor, steps))
+
+    def meaning(self) -> dict[str, Any]:
+        # sampler_sees only where given: fingerprints stored before it existed stay equal.
+        out = super().meaning()
+        if out["sampler_sees"] == "finished":
+            del out["sampler_sees"]
+        return out
 
     def bracket(self, number: int, steps: int) -> int:
         """The bracket of trial `number`, which it is ranked within: 0 for every asha trial."""

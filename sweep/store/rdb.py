@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial
 from sweep.errors import StudyNotFound, SweepError, one_line
 from sweep.store import rdb_tables
 from sweep.store.outage import Outages, retrying_storage_class
-from sweep.store.samplers import RestartProofSampler, build_pruner, build_sampler
+from sweep.store.samplers import build_pruner, restart_proof
 from sweep.study import fingerprint
 from sweep.study.config import Config
 from sweep.study.credentials import mask_url
@@ -197,7 +197,7 @@ def _rdb_storage(url: str, retry_seconds: float, connect: str | None = None) -> 
 
 def load_study(config: Config, storage: optuna.storages.RDBStorage, create: bool) -> optuna.Study:
     directions = [o.direction for o in config.study.all_objectives]
-    sampler = RestartProofSampler(build_sampler(config), config.study.sampler.seed)
+    sampler = restart_proof(config)
     try:
         study = optuna.load_study(study_name=config.name, storage=storage, sampler=sampler,
                                   pruner=build_pruner(config))

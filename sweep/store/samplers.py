@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import collections
+import copy
 import difflib
+import functools
 import hashlib
 import importlib.util
 import inspect
 import itertools
 import logging
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep.errors import ConfigError
-from sweep.internals import sampler_random_states
+from sweep.internals import sampler_random_states, trials_as_samplers_read
+from sweep.store.record import paused_rung
 from sweep.study import space
 from sweep.study.config import PRUNER_CLASSES, SAMPLER_CLASSES, Config
 from sweep.study.params import CategoricalParam, FloatParam, IntParam
@@ -218,34 +222,122 @@ def _derived_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
 
 
+def restart_proof(config: Config) -> RestartProofSampler:
+    """The study file's sampler as a run draws with it: reseeded per trial and param, and where the
+    scheduler says `sampler_sees: rung`, seeing the study through `RungView`."""
+    seen = None
+    if getattr(config.study.scheduler, "sampler_sees", "finished") == "rung":
+        s = config.study.sampler
+        default = inspect.signature(getattr(optuna.samplers, SAMPLER_CLASSES[s.type])).parameters.get("n_startup_trials")
+        least = int(s.kwargs.get("n_startup_trials", default.default if default is not None else RungView.LEAST))
+        seen = functools.partial(RungView, least=max(least, 1))
+    return RestartProofSampler(build_sampler(config), config.study.sampler.seed, seen)
+
+
+class RungView:
+    """The study as the sampler sees it under `scheduler.sampler_sees: rung` (BOHB's rule: Falkner
+    et al. 2018, section 3.2, fit the model on the largest budget with enough observations).
+
+    Optuna's samplers learn from COMPLETE and PRUNED trials only (TPE: optuna/samplers/_tpe/
+    sampler.py), and a trial a scheduler pauses is WAITING, so under asha or freeze_thaw TPE
+    samples at random for most of a study (benchmarks/RESULTS.md, "What TPE sees under sweep's
+    schedulers"). This view shows the sampler, at the highest step that at least `least` trials
+    reported (the sampler's n_startup_trials), each of those trials COMPLETE with its value there,
+    and hides the other finished ones; before any step has that many, the study as it is. Once
+    `least` trials have completed, that step is the last one: the completed trials at their end.
+    Reports counted: a finished trial's, and a paused one's up to the step it waits at; never a
+    running trial's (its reports depend on when the sampler looks), so that the view, like every
+    decision, is a function of the stored study. No Optuna sampler takes a filter of the trials it
+    learns from, hence this proxy (the attributes the samplers read are the study's own).
+    """
+
+    LEAST = 10  # for a sampler without n_startup_trials (TPE's default)
+
+    def __init__(self, study: optuna.Study, least: int = LEAST) -> None:
+        self._study, self._least = study, least
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    @staticmethod
+    def reports(trial: FrozenTrial) -> dict[int, float]:
+        """The reports of `trial` the view counts (class docstring)."""
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            upto = None
+        elif (rung := paused_rung(trial)) is not None:
+            upto = rung
+        else:
+            return {}
+        return {step: v for step, v in trial.intermediate_values.items()
+                if math.isfinite(v) and (upto is None or step <= upto)}
+
+    def _get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None,
+                    use_cache: bool = False) -> list[FrozenTrial]:
+        trials = trials_as_samplers_read(self._study, use_cache)
+        counted = [self.reports(t) for t in trials]
+        reported = collections.Counter(step for r in counted for step in r)
+        at = max((step for step, n in reported.items() if n >= self._least), default=None)
+        if at is not None:
+            seen = []
+            for t, r in zip(trials, counted):
+                if at in r:
+                    t = copy.copy(t)
+                    t.state, t.values = TrialState.COMPLETE, [r[at]]
+                elif (t := self.below(t, r)) is None:
+                    continue
+                seen.append(t)
+            trials = seen
+        return [t for t in trials if states is None or t.state in states]
+
+    def below(self, trial: FrozenTrial, reports: dict[int, float]) -> FrozenTrial | None:
+        """How a trial without a counted report at the view's step is seen (`reports`: its counted
+        ones): a finished one not at all; a running or waiting one as it is (a constant liar counts
+        it). Showing the paused and finished ones PRUNED at their last report instead (ranked below
+        every trial at the step) did worse in the simulator (benchmarks/RESULTS.md, "TPE shown the
+        trials at a rung")."""
+        return None if trial.state in (TrialState.COMPLETE, TrialState.PRUNED) else trial
+
+    def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy, states)
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self.get_trials()
+
+
 class RestartProofSampler(BaseSampler):
     """Delegates to an Optuna sampler, reseeding it from (seed, trial number, param) before each draw.
 
     Optuna samplers keep one RNG per process, so a trial's params would depend on how many draws this
     process made before (restarts, adoption of a trial killed between two suggests). Optuna has no
-    per-trial seeding API, so we reseed every RandomState the sampler holds.
+    per-trial seeding API, so we reseed every RandomState the sampler holds. `seen`: what each
+    draw sees of the study (a view such as RungView), the study itself where None.
     """
 
-    def __init__(self, inner: BaseSampler, seed: int) -> None:
+    def __init__(self, inner: BaseSampler, seed: int, seen: Callable[[optuna.Study], Any] | None = None) -> None:
         self.inner, self.seed = inner, seed
         self._states = list(sampler_random_states(inner))
+        self._seen = seen
+
+    def _view(self, study: optuna.Study) -> Any:
+        return study if self._seen is None else self._seen(study)
 
     def _reseed(self, number: int, name: str) -> None:
         for i, state in enumerate(self._states):
             state.seed(_derived_seed(self.seed, number, name, i))
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self.inner.infer_relative_search_space(study, trial)
+        return self.inner.infer_relative_search_space(self._view(study), trial)
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         self._reseed(trial.number, "<relative>")
-        return self.inner.sample_relative(study, trial, search_space)
+        return self.inner.sample_relative(self._view(study), trial, search_space)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
         self._reseed(trial.number, param_name)
-        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+        return self.inner.sample_independent(self._view(study), trial, param_name, param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._reseed(trial.number, "<before>")

@@ -115,6 +115,30 @@ def test_freeze_thaw_killed_at_random_moments_equals_an_uninterrupted_run(uninte
 
 
 @pytest.mark.slow
+def test_with_sampler_sees_rung_a_killed_run_equals_an_uninterrupted_one(tmp_path, seed):
+    """`sampler_sees: rung`: TPE (2 start-up trials) learns from the paused trials' reports at a
+    rung, which a kill -9 at random moments leaves as they were: the same command ends with the
+    same study (params included) as a run never interrupted, and other params than TPE seeing
+    finished trials only."""
+    rung = {"sampler": {"type": "tpe", "seed": 3, "n_startup_trials": 2},
+            "scheduler": {**FT["scheduler"], "sampler_sees": "rung"}}
+    straight = _write(tmp_path / "straight", **rung)
+    result = run_cli("run", straight, cwd=straight.parent)
+    assert result.returncode == 0, result.stderr
+    path = _write(tmp_path / "killed", **rung)
+    kills = interrupt_at_random(path, signal.SIGKILL, r"trial 3: started", seed=seed, env=cache_env(straight))
+    result = run_cli("run", path, cwd=path.parent, env=cache_env(straight))
+    assert result.returncode == 0, result.stderr
+    assert kills >= 2
+    assert _history(path) == _history(straight)
+    finished = _write(tmp_path / "finished", **{**rung, "scheduler": FT["scheduler"]})
+    result = run_cli("run", finished, cwd=finished.parent, env=cache_env(straight))
+    assert result.returncode == 0, result.stderr
+    params = [t.params for t in sorted(study_of(straight).trials, key=lambda t: t.number)]
+    assert params != [t.params for t in sorted(study_of(finished).trials, key=lambda t: t.number)]
+
+
+@pytest.mark.slow
 def test_plan_says_the_decision_the_next_free_worker_makes(uninterrupted, tmp_path, held):
     """One run is held mid-trial (tests/trials/gated.py) once every trial has started; plan then
     names the paused trial a free worker continues, with its prediction, and a second run on the
@@ -183,8 +207,10 @@ BAD = [
      "scheduler.initial_trials: must be <= n_trials (6): the model decides once that many trials have reported, "
      "got 7"),
     ("unknown-key", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "beyond_top": True}},
-     "scheduler.beyond_top: unknown key (allowed: type, min_steps, reduction_factor, initial_trials, "
+     "scheduler.beyond_top: unknown key (allowed: type, min_steps, reduction_factor, sampler_sees, initial_trials, "
      "min_probability, seed)"),
+    ("sampler-sees-unknown", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "sampler_sees": "best"}},
+     "scheduler.sampler_sees: must be one of 'finished' or 'rung', got 'best'"),
     ("typo", {"scheduler": {"type": "freeze-thaw", "min_steps": 100}},
      "scheduler.type: must be one of 'asha', 'hyperband', 'pbt' or 'freeze_thaw' (did you mean 'freeze_thaw'?), "
      "got 'freeze-thaw'"),

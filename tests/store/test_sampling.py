@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import optuna
@@ -138,3 +139,61 @@ def test_gp_without_torch_is_a_study_file_error_naming_the_package():
     with pytest.raises(config_lib.ConfigError, match=r"sampler.type: needs the package torch, which is not "
                                                      r"installed \(pip install torch\)"):
         check_config(config)
+
+
+def test_the_rung_view_shows_the_trials_at_the_highest_step_enough_reported():
+    """scheduler.sampler_sees: rung (sweep/store/samplers.py RungView): before `least` trials
+    reported at one step the sampler sees the study as it is; then the trials at the highest such
+    step, COMPLETE with their value there, and no other finished trial. A paused trial counts up
+    to the step it waits at, a running one not at all (what it reported depends on the moment)."""
+    from optuna.trial import TrialState
+
+    from sweep.store.samplers import RungView
+
+    study = optuna.create_study()
+    done = study.ask()
+    done.report(0.9, 100)
+    study.tell(done, 0.8)
+    view = RungView(study, least=3)
+    assert [(t.number, t.state, t.values) for t in view.get_trials()] == [(0, TrialState.COMPLETE, [0.8])]
+    paused, running, unrep = study.ask(), study.ask(), study.ask()
+    paused.report(0.7, 100)
+    paused.report(0.6, 200)  # past the step it waits at: not counted (a killed continuation's)
+    running.report(0.5, 100)
+    study._storage.set_trial_user_attr(paused._trial_id, "paused_at", [100])
+    study._storage.set_trial_state_values(paused._trial_id, TrialState.WAITING)
+    study.tell(unrep, state=TrialState.PRUNED)  # pruned before any report: hidden once the view shows a step
+    assert [t.number for t in view.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))] == [0, 3]
+    study.tell(running, 0.5)  # now finished: 3 reported at 100
+    seen = view._get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert [(t.number, t.values) for t in seen] == [(0, [0.9]), (1, [0.7]), (2, [0.5])]
+    assert [t.number for t in view.get_trials(states=(TrialState.WAITING,))] == []  # shown COMPLETE instead
+    assert study.trials[1].state == TrialState.WAITING and study.trials[0].values == [0.8]  # storage as it was
+
+
+def test_with_sampler_sees_rung_tpe_is_guided_by_the_paused_trials():
+    """Under asha few trials finish early, so TPE (learning from finished trials) samples at
+    random; with `sampler_sees: rung` it learns from the trials at the rung: the same seed gives
+    the same start-up (random) trials, then better ones than at random while the view is at the
+    first rung (here: fewer than 10 trials pass it in 20). Simulated: no trial trains."""
+    from sweep.run.simulator import Curve, simulate
+
+    def quality(p):  # the value every curve approaches; all have one shape, so a rung ranks as the end
+        return abs(math.log10(p["learning_rate"]) + 1.5) + 8.0 / p["hidden"]
+
+    def curve(number, params):
+        return Curve({s: quality(params) + 100.0 / (100.0 + s) for s in range(100, 1601, 100)})
+
+    def params(sees):
+        config = config_lib.from_dict(merge(BASE_STUDY, {
+            "name": "rung-view", "n_trials": 20, "sampler": {"type": "tpe", "seed": 1, "n_startup_trials": 10},
+            "pruner": {"type": "none"}, "train": {"steps": 1600, "eval_every": 100},
+            "scheduler": {"type": "asha", "min_steps": 100, "reduction_factor": 4, "sampler_sees": sees}}),
+            import_trial=False)
+        run = simulate(config, curve, workers=1)
+        return [t.params for t in sorted(run.trials, key=lambda t: t.number)]
+
+    finished, rung = params("finished"), params("rung")
+    assert finished[:10] == rung[:10]  # the start-up trials: at random either way
+    assert finished[10:] != rung[10:]
+    assert sum(map(quality, rung[10:])) < 0.75 * sum(map(quality, finished[10:]))

@@ -49,3 +49,14 @@ def test_equal_as_yaml_values():
     assert fingerprint.changes(same, {**same, "search_space.x": {"type": "float", "low": 1.0, "high": 2}}) == []
     assert fingerprint.changes(same, {**same, "fixed.n": 3.0}) == []
     assert fingerprint.changes(same, {**same, "fixed.flag": 1}) == [("fixed.flag", True, 1)]
+
+
+def test_sampler_sees_is_part_of_the_meaning_only_where_given():
+    """A scheduler's `sampler_sees` (added in a later release) keeps the fingerprints of studies
+    stored before it equal where it is the default, and is a change where it is not."""
+    asha = {"type": "asha", "min_steps": 100}
+    before = meaning(pruner={"type": "none"}, scheduler=asha)
+    assert "scheduler.sampler_sees" not in before
+    assert fingerprint.changes(before, meaning(pruner={"type": "none"}, scheduler={**asha, "sampler_sees": "finished"})) == []
+    assert fingerprint.changes(before, meaning(pruner={"type": "none"}, scheduler={**asha, "sampler_sees": "rung"})) == [
+        ("scheduler.sampler_sees", fingerprint.ABSENT, "rung")]
