@@ -58,9 +58,13 @@ SIDES: dict[str, dict[str, Any]] = {
     "freeze_thaw": {"n_trials": 110, "pruner": {"type": "none"},
                     "scheduler": {"type": "freeze_thaw", "min_steps": EVERY, "reduction_factor": 3}},
 }
-# Benchmark-only variants (not the product's behaviour): a side run as another, with its sampler
-# seeing the study through a view of benchmarks/sampler_views.py in every process of the run.
-VARIANTS = {"freeze_thaw+rung view": ("freeze_thaw", "rung")}
+# Variants: a side run as another, with its sampler seeing the study through a view of
+# benchmarks/sampler_views.py in every process of the run (benchmark-only), or with more scheduler
+# keys (the product's `sampler_sees: rung`, which with one worker is that view: the check below).
+VARIANTS: dict[str, tuple[str, str | None, dict[str, Any]]] = {
+    "freeze_thaw+rung view": ("freeze_thaw", "rung", {}),
+    "freeze_thaw+sampler_sees rung": ("freeze_thaw", None, {"sampler_sees": "rung"}),
+}
 SITE = Path(__file__).resolve().parent / "sampler_view_site"
 
 
@@ -88,12 +92,13 @@ def run_until(command: list[str], budget: int, env: dict[str, str] | None = None
 
 def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
     name = f"{side.replace('+', '-').replace(' ', '-')}-{seed}"
-    base, view = VARIANTS.get(side, (side, None))
+    base, view, keys = VARIANTS.get(side, (side, None, {}))
+    sides = {**SIDES[base], "scheduler": {**SIDES[base]["scheduler"], **keys}} if keys else SIDES[base]
     data = {"name": name, "trial": TABLE["trial"], "objective": TABLE["objective"],
             "search_space": TABLE["search_space"], "sampler": {**TPE, "seed": seed},
             "train": {"steps": STEPS, "eval_every": EVERY, "seed": seed},
             "checkpoint": {"every_steps": EVERY, "keep_last": 1, "keep_best": 1, "max_write_share": None},
-            "workdir": str(folder / name), **SIDES[base]}
+            "workdir": str(folder / name), **sides}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     env = None
