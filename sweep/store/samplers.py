@@ -92,16 +92,22 @@ def grid_size(config: Config) -> int | None:
 SAMPLER_PACKAGES = {"gp": ("torch",)}
 
 
+def startup_trials(config: Config) -> int | None:
+    """The sampler's n_startup_trials: the study file's, else its class's default; None for a
+    sampler without one."""
+    s = config.study.sampler
+    default = inspect.signature(getattr(optuna.samplers, SAMPLER_CLASSES[s.type])).parameters.get("n_startup_trials")
+    return None if default is None else int(s.kwargs.get("n_startup_trials", default.default))
+
+
 def sampler_notes(config: Config) -> list[tuple[int, str]]:
     """(log level, line): what a sampler will do that its name does not say (a model never used,
     the share of a grid that n_trials covers)."""
     s, n_trials = config.study.sampler, config.study.n_trials
     notes = []
-    cls = getattr(optuna.samplers, SAMPLER_CLASSES[s.type])
-    default = inspect.signature(cls).parameters.get("n_startup_trials")
+    startup = startup_trials(config)
     # A warm start's observations count toward n_startup_trials: the model may be used at once.
-    if default is not None and s.type in ("tpe", "gp") and config.study.warm_start is None:
-        startup = s.kwargs.get("n_startup_trials", default.default)
+    if startup is not None and s.type in ("tpe", "gp") and config.study.warm_start is None:
         if n_trials <= startup:
             notes.append((logging.WARNING, f"sampler {s.type}: n_trials {n_trials} does not exceed its "
                           f"n_startup_trials {startup}, so every trial is sampled at random and its model is never "
@@ -227,14 +233,40 @@ def restart_proof(config: Config) -> RestartProofSampler:
     scheduler says `sampler_sees: rung`, seeing the study through `RungView`."""
     seen = None
     if getattr(config.study.scheduler, "sampler_sees", "finished") == "rung":
-        s = config.study.sampler
-        default = inspect.signature(getattr(optuna.samplers, SAMPLER_CLASSES[s.type])).parameters.get("n_startup_trials")
-        least = int(s.kwargs.get("n_startup_trials", default.default if default is not None else RungView.LEAST))
-        seen = functools.partial(RungView, least=max(least, 1))
+        least = startup_trials(config)
+        seen = functools.partial(RungView, least=max(RungView.LEAST if least is None else least, 1))
     return RestartProofSampler(build_sampler(config), config.study.sampler.seed, seen)
 
 
-class RungView:
+class StudyView:
+    """The study as a sampler sees it: the study's own attributes, but for its trials, which
+    `seen` chooses and may show in another state. No Optuna sampler takes a filter of the trials
+    it learns from, hence this proxy; it answers the calls by which samplers read trials."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def seen(self, trials: list[FrozenTrial]) -> list[FrozenTrial]:
+        """The trials the sampler sees of the study's `trials` (copies where one is changed)."""
+        raise NotImplementedError
+
+    def _get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None,
+                    use_cache: bool = False) -> list[FrozenTrial]:
+        seen = self.seen(trials_as_samplers_read(self._study, use_cache))
+        return [t for t in seen if states is None or t.state in states]
+
+    def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy, states)
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self.get_trials()
+
+
+class RungView(StudyView):
     """The study as the sampler sees it under `scheduler.sampler_sees: rung` (BOHB's rule: Falkner
     et al. 2018, section 3.2, fit the model on the largest budget with enough observations).
 
@@ -247,17 +279,14 @@ class RungView:
     `least` trials have completed, that step is the last one: the completed trials at their end.
     Reports counted: a finished trial's, and a paused one's up to the step it waits at; never a
     running trial's (its reports depend on when the sampler looks), so that the view, like every
-    decision, is a function of the stored study. No Optuna sampler takes a filter of the trials it
-    learns from, hence this proxy (the attributes the samplers read are the study's own).
+    decision, is a function of the stored study.
     """
 
     LEAST = 10  # for a sampler without n_startup_trials (TPE's default)
 
     def __init__(self, study: optuna.Study, least: int = LEAST) -> None:
-        self._study, self._least = study, least
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
+        super().__init__(study)
+        self._least = least
 
     @staticmethod
     def reports(trial: FrozenTrial) -> dict[int, float]:
@@ -271,23 +300,21 @@ class RungView:
         return {step: v for step, v in trial.intermediate_values.items()
                 if math.isfinite(v) and (upto is None or step <= upto)}
 
-    def _get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None,
-                    use_cache: bool = False) -> list[FrozenTrial]:
-        trials = trials_as_samplers_read(self._study, use_cache)
+    def seen(self, trials: list[FrozenTrial]) -> list[FrozenTrial]:
         counted = [self.reports(t) for t in trials]
         reported = collections.Counter(step for r in counted for step in r)
         at = max((step for step, n in reported.items() if n >= self._least), default=None)
-        if at is not None:
-            seen = []
-            for t, r in zip(trials, counted):
-                if at in r:
-                    t = copy.copy(t)
-                    t.state, t.values = TrialState.COMPLETE, [r[at]]
-                elif (t := self.below(t, r)) is None:
-                    continue
-                seen.append(t)
-            trials = seen
-        return [t for t in trials if states is None or t.state in states]
+        if at is None:
+            return trials
+        out = []
+        for t, r in zip(trials, counted):
+            if at in r:
+                t = copy.copy(t)
+                t.state, t.values = TrialState.COMPLETE, [r[at]]
+            elif (t := self.below(t, r)) is None:
+                continue
+            out.append(t)
+        return out
 
     def below(self, trial: FrozenTrial, reports: dict[int, float]) -> FrozenTrial | None:
         """How a trial without a counted report at the view's step is seen (`reports`: its counted
@@ -296,13 +323,6 @@ class RungView:
         every trial at the step) did worse in the simulator (benchmarks/RESULTS.md, "TPE shown the
         trials at a rung")."""
         return None if trial.state in (TrialState.COMPLETE, TrialState.PRUNED) else trial
-
-    def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
-        return self._get_trials(deepcopy, states)
-
-    @property
-    def trials(self) -> list[FrozenTrial]:
-        return self.get_trials()
 
 
 class RestartProofSampler(BaseSampler):
