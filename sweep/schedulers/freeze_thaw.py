@@ -201,14 +201,22 @@ class FreezeThaw(Asha):
         x = np.stack([encoding.encode(t.params) for t, _ in counted])
         own = [{s: sign * v for s, v in r.items()} for _, r in counted]
         model = self._fit(x, own, steps, sign)
-        predicted = sign * model.predict(np.stack([encoding.encode(p) for p, _ in candidates]), 1.0)
-        best = min(v for o in own for v in o.values())
-        picks = [_prediction(i, 0, steps, float(m), float(sd), best, sign)
+        # The horizon: the highest step of the ladder that initial_trials of them reported (BOHB's
+        # rule), where the model interpolates; at the last step, early reports leave it to
+        # extrapolate, and it did, confidently, for configurations no trial carried on.
+        reached = [h for h in [*self.rungs(steps), steps] if sum(1 for o in own if h in o) >= self.initial_trials]
+        h = max(reached, default=min(s for o in own for s in o))
+        at = [(i, o[h]) for i, o in enumerate(own) if h in o]
+        fitted = (sign * model.predict(x, h / steps)).mean(axis=0)
+        missed = float(np.sqrt(np.mean([(v - fitted[i]) ** 2 for i, v in at])))
+        predicted = sign * model.predict(np.stack([encoding.encode(p) for p, _ in candidates]), h / steps)
+        best = min(v for _, v in at)
+        picks = [_prediction(i, 0, h, float(m), math.hypot(float(sd), missed), best, sign)
                  for i, (m, sd) in enumerate(zip(predicted.mean(axis=0), predicted.std(axis=0)))]
         pick = max(picks, key=lambda p: (p.ei, -p.number))  # ties: the first drawn
         log.info("trial %d: the curve model picked its configuration among %d drawn at random: predicted %s=%.4g "
                  "± %.2g at step %d (EI %.3g)", number, len(candidates), config.study.objective.metric, pick.mean,
-                 pick.std, steps, pick.ei)
+                 pick.std, h, pick.ei)
         return candidates[pick.number][0]
 
     def _top_of_rung(self, trials: Sequence[FrozenTrial], sign: int) -> set[int]:
