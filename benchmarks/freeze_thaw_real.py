@@ -64,7 +64,6 @@ SIDES: dict[str, dict[str, Any]] = {
 VARIANTS: dict[str, tuple[str, str | None, dict[str, Any]]] = {
     "freeze_thaw+rung view": ("freeze_thaw", "rung", {}),
     "freeze_thaw+sampler_sees rung": ("freeze_thaw", None, {"sampler_sees": "rung"}),
-    "freeze_thaw+new_trials model": ("freeze_thaw", None, {"new_trials": "model"}),
 }
 SITE = Path(__file__).resolve().parent / "sampler_view_site"
 

@@ -68,10 +68,6 @@ def methods(steps: int, min_steps: int) -> dict[str, dict[str, Any]]:
                                                     "sampler_sees": "rung"}},
         "freeze_thaw+rung": {"sampler": tpe, "scheduler": {"type": "freeze_thaw", "min_steps": min_steps,
                                                            "reduction_factor": 3, "sampler_sees": "rung"}},
-        # the same with `new_trials: model`: the curve model picks each new trial's configuration
-        # among random candidates (DyHPO's and DPL's way) once initial_trials have reported
-        "freeze_thaw+model": {"sampler": tpe, "scheduler": {"type": "freeze_thaw", "min_steps": min_steps,
-                                                            "reduction_factor": 3, "new_trials": "model"}},
     }
 
 
@@ -238,8 +234,7 @@ def report(results: list[dict[str, Any]], out: Callable[[str], None] = print) ->
 LABELS = {"random": "random search", "tpe+sha": "TPE + SuccessiveHalving pruner", "tpe+hyperband": "TPE + Hyperband pruner",
           "tpe+median": "TPE + median pruner", "asha": "sweep asha", "hyperband": "sweep hyperband",
           "freeze_thaw": "freeze-thaw prototype (beyond the top)", "freeze_thaw_top": "sweep freeze_thaw",
-          "asha+rung": "sweep asha, sampler_sees: rung", "freeze_thaw+rung": "sweep freeze_thaw, sampler_sees: rung",
-          "freeze_thaw+model": "sweep freeze_thaw, new_trials: model"}
+          "asha+rung": "sweep asha, sampler_sees: rung", "freeze_thaw+rung": "sweep freeze_thaw, sampler_sees: rung"}
 
 
 def figure(results: list[dict[str, Any]], path: Path) -> None:

@@ -28,16 +28,6 @@ def trial_id(trial: FrozenTrial) -> int:
     return trial._trial_id
 
 
-def distribution_contains(distribution: Any, value: Any) -> bool:
-    """Whether `value` (external, as a suggest returns it) is one `distribution` can give: a
-    scheduler's proposed param (sweep/store/samplers.py) is taken only where it is. Optuna checks
-    this with each distribution's private `_contains`; no public function does it."""
-    try:
-        return bool(distribution._contains(distribution.to_internal_repr(value)))
-    except (ValueError, TypeError):
-        return False
-
-
 def create_trial(study: optuna.Study) -> int:
     """A new RUNNING trial created through the study's own (cached) storage, as `study.ask` does
     past its pop of a WAITING trial: Optuna has no public call for that half of `ask`, and the

@@ -13,13 +13,6 @@ have started, any paused trial worth it (by that probability) may go on, the bes
 first; the rest end PRUNED (asha's ending: base.py). A continuation records why (`freeze_thaw`
 attribute: the prediction), which `status` shows; `plan` says what the next decision would be.
 
-Under `new_trials: model` the model also picks a new trial's configuration (DyHPO's and DPL's
-way: one model for both decisions): of `CANDIDATES` configurations drawn at random from the
-search space (seeded by the scheduler's seed and the trial's number), the one with the highest
-EI at the last step over the best value reported (`propose`, which the sampler asks:
-sweep/store/samplers.py). It counts the reports a sampler view counts (RungView.reports: no
-running trial's), so a new trial's params stay a function of the stored study.
-
 This is the rule chosen on development seeds in the scheduler simulator (benchmarks/RESULTS.md,
 "The freeze-thaw prototype"): letting the model also continue trials outside their rung's top
 (DyHPO's and DPL's rule) helped on one benchmark family and cost on two. docs/schedulers.md says
@@ -31,10 +24,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Annotated, Any, Literal, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 import numpy as np
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import Field
 
@@ -43,13 +35,11 @@ from sweep.schedulers.asha import Asha, next_promotion
 from sweep.schedulers.curve_model import Encoding, fit
 from sweep.store import enqueue
 from sweep.store.record import paused_rung
-from sweep.store.samplers import RungView, derived_seed, suggest_all
 from sweep.store.session import Session
 from sweep.study.config import Config
 
 log = logging.getLogger("sweep")
 WHY = "freeze_thaw"  # trial user attribute: the prediction its latest continuation was decided on
-CANDIDATES = 256  # random configurations the model picks a new trial's from, under `new_trials: model`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,20 +62,11 @@ class Prediction:
 
 class FreezeThaw(Asha):
     """asha's rungs and keys, plus the model's: `initial_trials` reported before it decides,
-    `min_probability` of beating the best for a paused trial to go on, the fit's `seed`, and who
-    picks a new trial's configuration (`new_trials`: the sampler, or the model)."""
+    `min_probability` of beating the best for a paused trial to go on, the fit's `seed`."""
 
     initial_trials: Annotated[int, Field(ge=2)] = 5
     min_probability: Annotated[float, Field(ge=0, lt=1)] = 0.01
     seed: Annotated[int, Field(ge=0, lt=2**32)] = 0  # the fit's PRNG key takes 32 bits
-    new_trials: Literal["sampler", "model"] = "sampler"
-
-    def meaning(self) -> dict[str, Any]:
-        # new_trials only where given: fingerprints stored before it existed stay equal.
-        out = super().meaning()
-        if out["new_trials"] == "sampler":
-            del out["new_trials"]
-        return out
 
     def check(self, study: Any) -> None:
         if self.initial_trials > study.n_trials:
@@ -149,20 +130,27 @@ class FreezeThaw(Asha):
             paused = [t for t in paused if t.number in top_of_rung]
         if not paused:
             return None
-        own = [{s: sign * v for s, v in t.intermediate_values.items() if math.isfinite(v)} for t in reporting]
         encoding = Encoding.of([t.distributions for t in reporting])
         x = np.stack([encoding.encode(t.params) for t in reporting])
-        model = self._fit(x, own, steps, sign)
+        rows, ts, ys = [], [], []
+        for i, t in enumerate(reporting):
+            for step, value in sorted(t.intermediate_values.items()):
+                if math.isfinite(value):
+                    rows.append(i)
+                    ts.append(step / steps)
+                    ys.append(value)
+        model = fit(x, np.asarray(rows), np.asarray(ts), np.asarray(ys), sign, self.seed)
         ladder = [*self.rungs(steps), steps]
         # Each member's curve of every reporting trial at each step of the ladder (smaller is better).
         curves = {h: sign * model.predict(x, h / steps) for h in ladder}
         means = {h: c.mean(axis=0) for h, c in curves.items()}
+        own = [{s: sign * v for s, v in t.intermediate_values.items() if math.isfinite(v)} for t in reporting]
         where = {t.number: i for i, t in enumerate(reporting)}
         # A paused trial's value at the last step: its own value at its rung plus the change the
         # model predicts from there (the model's curve through its last report), its spread the
         # members' plus how far such predictions missed for the trials that got there. Judged
         # against the best value reported so far (DPL's EI at the maximum budget).
-        best = min(v for o in own for v in o.values())
+        best = min(sign * y for y in ys)
         missed: dict[int, float] = {}  # by rung: a handful of rungs, hundreds of paused trials
         worth = []
         for t in paused:
@@ -176,48 +164,6 @@ class FreezeThaw(Asha):
                 worth.append(p)
         # EI per step it costs, to its next rung; ties: the lower number.
         return max(worth, key=lambda p: (p.ei / (p.to - p.rung), -p.number), default=None)
-
-    def _fit(self, x: np.ndarray, own: Sequence[Mapping[int, float]], steps: int, sign: int) -> Any:
-        """The curve model fitted to every report `own` (smaller-is-better units, by step) of the
-        trials whose configurations `x` encodes."""
-        rows = [i for i, o in enumerate(own) for _ in o]
-        ts = [step / steps for o in own for step in sorted(o)]
-        ys = [sign * o[step] for o in own for step in sorted(o)]  # back in the study's units
-        return fit(x, np.asarray(rows), np.asarray(ts), np.asarray(ys), sign, self.seed)
-
-    def propose(self, config: Config, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any] | None:
-        """The params of new trial `number` under `new_trials: model` (module docstring), from the
-        stored `trials`; None (the sampler draws them) under `sampler` or before `initial_trials`
-        trials have reported."""
-        if self.new_trials != "model":
-            return None
-        steps, sign = config.study.train.steps, config.study.objective.sign
-        counted = [(t, RungView.reports(t)) for t in trials if t.distributions and t.number != number]
-        counted = [(t, r) for t, r in counted if r]
-        if len(counted) < self.initial_trials:
-            return None
-        candidates = _candidates(config, derived_seed(self.seed, number, "candidates"), CANDIDATES)
-        encoding = Encoding.of([t.distributions for t, _ in counted] + [d for _, d in candidates])
-        x = np.stack([encoding.encode(t.params) for t, _ in counted])
-        own = [{s: sign * v for s, v in r.items()} for _, r in counted]
-        model = self._fit(x, own, steps, sign)
-        # The horizon: the highest step of the ladder that initial_trials of them reported (BOHB's
-        # rule), where the model interpolates; at the last step, early reports leave it to
-        # extrapolate, and it did, confidently, for configurations no trial carried on.
-        reached = [h for h in [*self.rungs(steps), steps] if sum(1 for o in own if h in o) >= self.initial_trials]
-        h = max(reached, default=min(s for o in own for s in o))
-        at = [(i, o[h]) for i, o in enumerate(own) if h in o]
-        fitted = (sign * model.predict(x, h / steps)).mean(axis=0)
-        missed = float(np.sqrt(np.mean([(v - fitted[i]) ** 2 for i, v in at])))
-        predicted = sign * model.predict(np.stack([encoding.encode(p) for p, _ in candidates]), h / steps)
-        best = min(v for _, v in at)
-        picks = [_prediction(i, 0, h, float(m), math.hypot(float(sd), missed), best, sign)
-                 for i, (m, sd) in enumerate(zip(predicted.mean(axis=0), predicted.std(axis=0)))]
-        pick = max(picks, key=lambda p: (p.ei, -p.number))  # ties: the first drawn
-        log.info("trial %d: the curve model picked its configuration among %d drawn at random: predicted %s=%.4g "
-                 "± %.2g at step %d (EI %.3g)", number, len(candidates), config.study.objective.metric, pick.mean,
-                 pick.std, h, pick.ei)
-        return candidates[pick.number][0]
 
     def _top_of_rung(self, trials: Sequence[FrozenTrial], sign: int) -> set[int]:
         """The paused trials that rank in the top 1/reduction_factor of the trials that reached their rung."""
@@ -236,9 +182,7 @@ class FreezeThaw(Asha):
 
     def plan_note(self) -> str:
         return (f"scheduler {self.type}: each goes on when it ranks in its rung's top and the curve model predicts "
-                "it improves most, else ends PRUNED once no trial is left to start"
-                + (f"; the model picks each new trial's configuration among {CANDIDATES} drawn at random"
-                   if self.new_trials == "model" else ""))
+                "it improves most, else ends PRUNED once no trial is left to start")
 
     def next_decision(self, session: Session, states: Mapping[int, TrialState]) -> str | None:
         trials = session.trials()
@@ -266,24 +210,6 @@ class FreezeThaw(Asha):
 
     def export_fields(self, trial: FrozenTrial) -> dict[str, Any]:
         return {"freeze_thaw": trial.user_attrs.get(WHY)}
-
-
-def _candidates(config: Config, seed: int, n: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """`n` configurations (params, distributions) drawn at random from the study's search space,
-    as a trial of a throwaway in-memory study draws them (conditions and a define-by-run
-    search_space included)."""
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory"
-    try:
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    out = []
-    for _ in range(n):
-        trial = study.ask()
-        suggest_all(config, trial)
-        out.append((dict(trial.params), dict(trial.distributions)))
-    return out
 
 
 def _missed(own: list[dict[int, float]], mean: Mapping[int, np.ndarray], r: int, h: int) -> float:

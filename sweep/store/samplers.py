@@ -20,7 +20,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.errors import ConfigError
-from sweep.internals import distribution_contains, sampler_random_states, trials_as_samplers_read
+from sweep.internals import sampler_random_states, trials_as_samplers_read
 from sweep.store.record import paused_rung
 from sweep.study import space
 from sweep.study.config import PRUNER_CLASSES, SAMPLER_CLASSES, Config
@@ -224,21 +224,18 @@ def check_config(config: Config) -> None:
                               f"must be at most the {count(len(have), have[0].platform + ' device')} JAX sees{hint}", devices)
 
 
-def derived_seed(*parts: object) -> int:
+def _derived_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
 
 
 def restart_proof(config: Config) -> RestartProofSampler:
     """The study file's sampler as a run draws with it: reseeded per trial and param, and where the
-    scheduler says `sampler_sees: rung`, seeing the study through `RungView`; where the scheduler
-    proposes a new trial's params (freeze_thaw's `new_trials: model`), taking them."""
+    scheduler says `sampler_sees: rung`, seeing the study through `RungView`."""
     seen = None
     if getattr(config.study.scheduler, "sampler_sees", "finished") == "rung":
         least = startup_trials(config)
         seen = functools.partial(RungView, least=max(RungView.LEAST if least is None else least, 1))
-    propose = getattr(config.study.scheduler, "propose", None)  # freeze_thaw's (new_trials: model)
-    return RestartProofSampler(build_sampler(config), config.study.sampler.seed, seen,
-                               None if propose is None else functools.partial(propose, config))
+    return RestartProofSampler(build_sampler(config), config.study.sampler.seed, seen)
 
 
 class StudyView:
@@ -334,37 +331,22 @@ class RestartProofSampler(BaseSampler):
     Optuna samplers keep one RNG per process, so a trial's params would depend on how many draws this
     process made before (restarts, adoption of a trial killed between two suggests). Optuna has no
     per-trial seeding API, so we reseed every RandomState the sampler holds. `seen`: what each
-    draw sees of the study (a view such as RungView), the study itself where None. `propose`: the
-    scheduler's params for a new trial, from the stored trials and its number (None: the sampler's
-    draw), which replace the sampler's, relative and independent alike.
+    draw sees of the study (a view such as RungView), the study itself where None.
     """
 
-    def __init__(self, inner: BaseSampler, seed: int, seen: Callable[[optuna.Study], Any] | None = None,
-                 propose: Callable[[list[FrozenTrial], int], dict[str, Any] | None] | None = None) -> None:
+    def __init__(self, inner: BaseSampler, seed: int, seen: Callable[[optuna.Study], Any] | None = None) -> None:
         self.inner, self.seed = inner, seed
         self._states = list(sampler_random_states(inner))
         self._seen = seen
-        self._propose = propose
-        self._proposed: dict[int, dict[str, Any]] = {}  # the latest trial's proposal (one fit per trial)
 
     def _view(self, study: optuna.Study) -> Any:
         return study if self._seen is None else self._seen(study)
 
-    def _proposal(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        """The scheduler's params for `trial` ({}: none), asked once, for a trial that reported nothing."""
-        if self._propose is None or trial.intermediate_values:
-            return {}
-        if trial.number not in self._proposed:
-            self._proposed = {trial.number: self._propose(study.get_trials(deepcopy=False), trial.number) or {}}
-        return self._proposed[trial.number]
-
     def _reseed(self, number: int, name: str) -> None:
         for i, state in enumerate(self._states):
-            state.seed(derived_seed(self.seed, number, name, i))
+            state.seed(_derived_seed(self.seed, number, name, i))
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        if self._proposal(study, trial):
-            return {}  # every param comes from the proposal (sample_independent)
         return self.inner.infer_relative_search_space(self._view(study), trial)
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
@@ -374,9 +356,6 @@ class RestartProofSampler(BaseSampler):
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        proposed = self._proposal(study, trial)
-        if param_name in proposed and distribution_contains(param_distribution, proposed[param_name]):
-            return proposed[param_name]
         self._reseed(trial.number, param_name)
         return self.inner.sample_independent(self._view(study), trial, param_name, param_distribution)
 

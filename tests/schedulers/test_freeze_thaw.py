@@ -115,32 +115,6 @@ def test_freeze_thaw_killed_at_random_moments_equals_an_uninterrupted_run(uninte
 
 
 @pytest.mark.slow
-def test_with_new_trials_model_a_killed_run_equals_an_uninterrupted_one(tmp_path, seed):
-    """`new_trials: model`: from the third trial on, the model picks each new trial's params from
-    the stored reports; kill -9 as it picks one, then at random moments: the same command ends
-    with the same study (params included) as a run never interrupted, and other params than the
-    sampler's."""
-    model = {"scheduler": {**FT["scheduler"], "new_trials": "model"}}
-    straight = _write(tmp_path / "straight", **model)
-    result = run_cli("run", straight, cwd=straight.parent)
-    assert result.returncode == 0, result.stderr
-    assert re.search(r"trial 2: the curve model picked its configuration among 256 drawn at random: predicted "
-                     r"val_loss=\S+ ± \S+ at step 400", result.stderr), result.stderr
-    path = _write(tmp_path / "killed", **model)
-    kills = interrupt_at_random(path, signal.SIGKILL, r"the curve model picked", seed=seed, env=cache_env(straight))
-    result = run_cli("run", path, cwd=path.parent, env=cache_env(straight))
-    assert result.returncode == 0, result.stderr
-    assert kills >= 2
-    assert _history(path) == _history(straight)
-    sampler = _write(tmp_path / "sampler")
-    result = run_cli("run", sampler, cwd=sampler.parent, env=cache_env(straight))
-    assert result.returncode == 0, result.stderr
-    params = [t.params for t in sorted(study_of(straight).trials, key=lambda t: t.number)]
-    drawn = [t.params for t in sorted(study_of(sampler).trials, key=lambda t: t.number)]
-    assert params[:2] == drawn[:2] and params[2:] != drawn[2:]
-
-
-@pytest.mark.slow
 def test_with_sampler_sees_rung_a_killed_run_equals_an_uninterrupted_one(tmp_path, seed):
     """`sampler_sees: rung`: TPE (2 start-up trials) learns from the paused trials' reports at a
     rung, which a kill -9 at random moments leaves as they were: the same command ends with the
@@ -234,12 +208,7 @@ BAD = [
      "got 7"),
     ("unknown-key", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "beyond_top": True}},
      "scheduler.beyond_top: unknown key (allowed: type, min_steps, reduction_factor, sampler_sees, initial_trials, "
-     "min_probability, seed, new_trials)"),
-    ("new-trials-unknown", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "new_trials": "tpe"}},
-     "scheduler.new_trials: must be one of 'sampler' or 'model', got 'tpe'"),
-    ("new-trials-under-asha", {"scheduler": {"type": "asha", "min_steps": 100, "new_trials": "model"}},
-     "scheduler.new_trials: only with type freeze_thaw (keys of type asha: min_steps, reduction_factor, "
-     "sampler_sees), got 'model'"),
+     "min_probability, seed)"),
     ("sampler-sees-unknown", {"scheduler": {"type": "freeze_thaw", "min_steps": 100, "sampler_sees": "best"}},
      "scheduler.sampler_sees: must be one of 'finished' or 'rung', got 'best'"),
     ("typo", {"scheduler": {"type": "freeze-thaw", "min_steps": 100}},
@@ -262,17 +231,12 @@ SPACE = {"learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": Tr
 
 def _curve(number: int, params: dict[str, Any]) -> Any:
     """A synthetic curve: better near learning rate 3e-3 and with wider layers."""
-    from sweep.run.simulator import Curve
-
-    q = _quality(params)
-    return Curve({s: q + 1.0 / (1.0 + s * params["learning_rate"]) for s in range(100, 2001, 100)})
-
-
-def _quality(params: dict[str, Any]) -> float:
-    """The value `_curve` approaches (smaller is better)."""
     import math
 
-    return abs(math.log10(params["learning_rate"]) + 2.5) + 16.0 / params["hidden"]
+    from sweep.run.simulator import Curve
+
+    q = abs(math.log10(params["learning_rate"]) + 2.5) + 16.0 / params["hidden"]
+    return Curve({s: q + 1.0 / (1.0 + s * params["learning_rate"]) for s in range(100, 2001, 100)})
 
 
 def _simulated(n_trials: int, max_steps: int, **scheduler: Any) -> tuple[Any, Any]:
@@ -337,26 +301,3 @@ def test_the_top_of_a_rung_breaks_ties_by_the_lower_number_as_asha_does():
     ft = FreezeThaw(type="freeze_thaw", min_steps=100, reduction_factor=3)
     assert ft._top_of_rung(trials, 1) == {0}
     assert ft._top_of_rung(trials[1:], 1) == {1}
-
-
-def test_with_new_trials_model_the_curve_model_picks_the_new_configurations():
-    """`new_trials: model`: once initial_trials (5) have reported, the model picks each new
-    trial's configuration among random candidates, by its EI at the last step. The same study with
-    the sampler's draws (random here) has the same first trials and others after them, which the
-    model's picks beat on the curves' quality; a proposal made again from the same stored trials
-    is the same one, within the search space. Simulated: no trial trains."""
-    config, model = _simulated(40, 20 * 2000, new_trials="model")
-    _, sampler = _simulated(40, 20 * 2000)
-    ordered = [sorted(t, key=lambda t: t.number) for t in (model, sampler)]
-    picked, drawn = ([t.params for t in trials] for trials in ordered)
-    assert picked[:5] == drawn[:5]  # before initial_trials have reported: the sampler's
-    assert all(a != b for a, b in zip(picked[8:], drawn[8:]))
-    late = min(len(picked), len(drawn))
-    assert late >= 20
-    assert sum(map(_quality, picked[8:late])) < 0.85 * sum(map(_quality, drawn[8:late]))
-    ft = config.study.scheduler
-    proposal = ft.propose(config, model, len(model))
-    assert proposal is not None and proposal == ft.propose(config, model, len(model))
-    assert 1e-4 <= proposal["learning_rate"] <= 1e-1 and proposal["hidden"] in range(16, 257, 16)
-    assert ft.propose(config, model, len(model) + 1) != proposal  # other candidates for another number
-    assert ft.propose(config, [t for t in model if t.number < 3], 3) is None  # fewer than initial_trials reported

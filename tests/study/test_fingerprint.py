@@ -51,17 +51,6 @@ def test_equal_as_yaml_values():
     assert fingerprint.changes(same, {**same, "fixed.flag": 1}) == [("fixed.flag", True, 1)]
 
 
-def test_new_trials_is_part_of_the_meaning_only_where_given():
-    """freeze_thaw's `new_trials` (added in a later release) keeps the fingerprints of studies
-    stored before it equal where it is the default, and is a change where it is not."""
-    ft = {"type": "freeze_thaw", "min_steps": 100, "initial_trials": 2}
-    before = meaning(pruner={"type": "none"}, scheduler=ft)
-    assert "scheduler.new_trials" not in before
-    assert fingerprint.changes(before, meaning(pruner={"type": "none"}, scheduler={**ft, "new_trials": "sampler"})) == []
-    assert fingerprint.changes(before, meaning(pruner={"type": "none"}, scheduler={**ft, "new_trials": "model"})) == [
-        ("scheduler.new_trials", fingerprint.ABSENT, "model")]
-
-
 def test_sampler_sees_is_part_of_the_meaning_only_where_given():
     """A scheduler's `sampler_sees` (added in a later release) keeps the fingerprints of studies
     stored before it equal where it is the default, and is a change where it is not."""
