@@ -64,6 +64,7 @@ SIDES: dict[str, dict[str, Any]] = {
 VARIANTS: dict[str, tuple[str, str | None, dict[str, Any]]] = {
     "freeze_thaw+rung view": ("freeze_thaw", "rung", {}),
     "freeze_thaw+sampler_sees rung": ("freeze_thaw", None, {"sampler_sees": "rung"}),
+    "freeze_thaw+rung wide view": ("freeze_thaw", "rung wide", {}),
 }
 SITE = Path(__file__).resolve().parent / "sampler_view_site"
 

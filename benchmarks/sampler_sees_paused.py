@@ -36,7 +36,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scheduler_sim as sim  # noqa: E402
-from sampler_views import PausedAsPruned, RungBelow, RungView, sampler_view  # noqa: E402,F401 (PausedAsPruned: tests)
+from sampler_views import PausedAsPruned, RungBelow, RungView, RungWide, sampler_view  # noqa: E402,F401 (PausedAsPruned: tests)
 from sweep.run.simulator import simulate  # noqa: E402
 
 
@@ -52,6 +52,10 @@ def sampler_sees_rung_below() -> Any:
     return sampler_view(RungBelow)
 
 
+def sampler_sees_rung_wide() -> Any:
+    return sampler_view(RungWide)
+
+
 def variants(name: str, method: dict[str, Any], rung: bool = True) -> list[tuple[str, Any]]:
     """The method as it is and, with a scheduler, the ones whose sampler sees paused trials as
     PRUNED and (`rung`) sees the trials at the highest step enough of them reported."""
@@ -61,6 +65,7 @@ def variants(name: str, method: dict[str, Any], rung: bool = True) -> list[tuple
         if rung:
             out.append((f"{name}+rung view", sampler_sees_rung))
             out.append((f"{name}+rung below", sampler_sees_rung_below))
+            out.append((f"{name}+rung wide", sampler_sees_rung_wide))
     return out
 
 

@@ -16,6 +16,7 @@ freeze_thaw is WAITING, so under them TPE samples at random for most of a study.
   sees the study as it is. sweep's `sampler_sees: rung` is the same but for a running trial's
   reports, which it does not count.
 - `RungBelow`: sweep's rule with the trials that stopped below that step shown PRUNED, not hidden.
+- `RungWide`: sweep's rule at the highest step 3 * MIN_TRIALS trials reported.
 
 `sampler_view(cls)` patches sweep's RestartProofSampler in this process so that every draw sees
 the study through `cls`; sampler_view_site/sitecustomize.py does it in every process of a real
@@ -98,4 +99,14 @@ class RungBelow(samplers.RungView):
         return trial
 
 
-VIEWS = {"paused-as-pruned": PausedAsPruned, "rung": RungView, "rung below": RungBelow}
+class RungWide(samplers.RungView):
+    """sweep's RungView (sweep/store/samplers.py) at the highest step that reduction_factor (3)
+    times MIN_TRIALS trials reported: there, most trials seen were not promoted past it, so TPE's
+    "bad" set is not only good configurations (at MIN_TRIALS, once that many trials passed a higher
+    rung, all of them were promoted ones)."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        super().__init__(study, least=3 * MIN_TRIALS)
+
+
+VIEWS = {"paused-as-pruned": PausedAsPruned, "rung": RungView, "rung below": RungBelow, "rung wide": RungWide}
