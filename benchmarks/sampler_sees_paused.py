@@ -15,7 +15,8 @@ there, which is what a paused trial is until it goes on. The "+sees paused" meth
 sampler each paused trial (WAITING with `paused_at`) as PRUNED at its last report; nothing else
 changes (a benchmark-only patch of sweep's RestartProofSampler, not the product's behaviour).
 The "+rung view" methods show it, BOHB's way, the trials at the highest step at least 10 trials
-reported, COMPLETE with their value there (benchmarks/sampler_views.py says both views).
+reported, COMPLETE with their value there; "+rung below" and "+rung wide" are forms of that view
+(benchmarks/sampler_views.py says each view).
 Development seeds only (100-119): the held-out 0-19 are the tables' own. `--count-random` only
 counts, per seed, the trials started and those TPE sampled at random within 25% and 50% of the
 budget (fewer than its n_startup_trials, 10, trials COMPLETE or PRUNED as it started).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 from pathlib import Path
@@ -44,16 +46,8 @@ def sampler_sees_paused() -> Any:
     return sampler_view(PausedAsPruned)
 
 
-def sampler_sees_rung() -> Any:
-    return sampler_view(RungView)
-
-
-def sampler_sees_rung_below() -> Any:
-    return sampler_view(RungBelow)
-
-
-def sampler_sees_rung_wide() -> Any:
-    return sampler_view(RungWide)
+# The rung views of benchmarks/sampler_views.py, by the suffix of their methods' names.
+RUNG_VIEWS = {"rung view": RungView, "rung below": RungBelow, "rung wide": RungWide}
 
 
 def variants(name: str, method: dict[str, Any], rung: bool = True) -> list[tuple[str, Any]]:
@@ -63,9 +57,7 @@ def variants(name: str, method: dict[str, Any], rung: bool = True) -> list[tuple
     if "scheduler" in method:
         out.append((f"{name}+sees paused", sampler_sees_paused))
         if rung:
-            out.append((f"{name}+rung view", sampler_sees_rung))
-            out.append((f"{name}+rung below", sampler_sees_rung_below))
-            out.append((f"{name}+rung wide", sampler_sees_rung_wide))
+            out += [(f"{name}+{suffix}", functools.partial(sampler_view, view)) for suffix, view in RUNG_VIEWS.items()]
     return out
 
 
@@ -115,7 +107,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=sim._seeds, default=sim._seeds("100-119"))
     parser.add_argument("--methods", default="asha,tpe+median")
     parser.add_argument("--views", default="as is,sees paused,rung view",
-                        help="which of the variants to run (with --out): as is, sees paused, rung view")
+                        help="which of the variants to run (with --out): as is, sees paused, " + ", ".join(RUNG_VIEWS))
     parser.add_argument("--out", type=Path)
     parser.add_argument("--count-random", action="store_true", help="count the trials TPE sampled at random")
     args = parser.parse_args()

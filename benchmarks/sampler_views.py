@@ -1,4 +1,4 @@
-"""What the sampler sees of a study where a sweep scheduler pauses trials: three benchmark-only
+"""What the sampler sees of a study where a sweep scheduler pauses trials: four benchmark-only
 views (issue 40 item 4) on sweep's StudyView and RungView (sweep/store/samplers.py), not the
 product's behaviour.
 
