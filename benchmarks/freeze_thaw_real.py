@@ -54,7 +54,7 @@ STEPS, EVERY = TABLE["steps"], TABLE["eval_every"]
 BUDGET = 15 * STEPS
 TPE = {"type": "tpe", "n_startup_trials": 10}
 SIDES: dict[str, dict[str, Any]] = {
-    "tpe+median": {"n_trials": 45, "pruner": {"type": "median", "n_startup_trials": 5, "n_warmup_steps": EVERY}},
+    "tpe+median": {"n_trials": 60, "pruner": {"type": "median", "n_startup_trials": 5, "n_warmup_steps": EVERY}},
     "freeze_thaw": {"n_trials": 110, "pruner": {"type": "none"},
                     "scheduler": {"type": "freeze_thaw", "min_steps": EVERY, "reduction_factor": 3}},
 }
@@ -119,12 +119,18 @@ def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
             "best_at_half": best_within(points, BUDGET // 2), "best_at_budget": best_within(points, BUDGET)}
 
 
-def report(rows: list[dict[str, Any]], out: Any = print) -> None:
+def report(rows: list[dict[str, Any]], out: Any = print, same: dict[str, str] | None = None) -> None:
     """The table of RESULTS.md: per side and point, the mean best val_loss (each seed's), its
     normalized regret with a bootstrap 95% interval over the seeds; then freeze_thaw minus the
-    pruner, paired by seed, with its interval and the seeds where freeze_thaw was lower."""
+    pruner, paired by seed, with its interval and the seeds where freeze_thaw was lower. `same`
+    reports one side's runs as another's (two forms of one rule, checked to give the same run)."""
     from scheduler_sim import Tabulated, bootstrap
 
+    same = same or {}
+    rows = [{**r, "side": same.get(r["side"], r["side"])} for r in rows]
+    twice = sorted({(r["side"], r["seed"]) for r in rows if sum(1 for u in rows if (u["side"], u["seed"]) == (r["side"], r["seed"])) > 1})
+    if twice:
+        raise SystemExit(f"two runs of {', '.join(f'{side} seed {seed}' for side, seed in twice)}: give each seed one run a side")
     bench = Tabulated("digits_mlp")
     by = {(r["side"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
@@ -164,9 +170,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the sides to run on each seed (default: the two of the check)")
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="print the table of saved runs")
+    parser.add_argument("--same", nargs="+", default=[], metavar="SIDE=AS",
+                        help="with --report: report SIDE's runs as AS's (two forms of one rule checked to give the same run)")
     args = parser.parse_args(argv)
     if args.report is not None:
-        report([row for path in args.report for row in json.loads(path.read_text())])
+        same = dict(pair.partition("=")[::2] for pair in args.same)
+        unknown = [side for pair in same.items() for side in pair if side not in SIDES and side not in VARIANTS]
+        if unknown:
+            parser.error(f"--same: no side {', '.join(map(repr, unknown))} (sides: {', '.join([*SIDES, *VARIANTS])})")
+        report([row for path in args.report for row in json.loads(path.read_text())], same=same)
         return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows = []
