@@ -65,6 +65,7 @@ VARIANTS: dict[str, tuple[str, str | None, dict[str, Any]]] = {
     "freeze_thaw+rung view": ("freeze_thaw", "rung", {}),
     "freeze_thaw+sampler_sees rung": ("freeze_thaw", None, {"sampler_sees": "rung"}),
     "freeze_thaw+rung wide view": ("freeze_thaw", "rung wide", {}),
+    "freeze_thaw+predicted view": ("freeze_thaw", "predicted", {}),
 }
 SITE = Path(__file__).resolve().parent / "sampler_view_site"
 
@@ -104,7 +105,7 @@ def run_side(folder: Path, side: str, seed: int) -> dict[str, Any]:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     env = None
     if view is not None:
-        env = {**os.environ, "SWEEP_BENCH_SAMPLER_VIEW": view,
+        env = {**os.environ, "SWEEP_BENCH_SAMPLER_VIEW": view, "SWEEP_BENCH_STEPS": str(STEPS),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     log, stopped = run_until([sys.executable, "-m", "sweep", "run", str(path)], BUDGET, env)

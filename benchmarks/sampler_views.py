@@ -1,4 +1,4 @@
-"""What the sampler sees of a study where a sweep scheduler pauses trials: four benchmark-only
+"""What the sampler sees of a study where a sweep scheduler pauses trials: five benchmark-only
 views (issue 40 item 4) on sweep's StudyView and RungView (sweep/store/samplers.py), not the
 product's behaviour.
 
@@ -17,6 +17,11 @@ freeze_thaw is WAITING, so under them TPE samples at random for most of a study.
   reports, which it does not count.
 - `RungBelow`: sweep's rule with the trials that stopped below that step shown PRUNED, not hidden.
 - `RungWide`: sweep's rule at the highest step 3 * MIN_TRIALS trials reported.
+- `Predicted`: once MIN_TRIALS trials have counted reports (RungView's), each of them COMPLETE
+  with the value freeze_thaw's curve model predicts for it at the last step (its last counted
+  report plus the model's change from there to the end; a finished trial its own value), so that
+  TPE ranks trials that stopped at different steps on one scale. The horizon is
+  SWEEP_BENCH_STEPS (train.steps; benchmarks/freeze_thaw_real.py sets it).
 
 `sampler_view(cls)` patches sweep's RestartProofSampler in this process so that every draw sees
 the study through `cls`; sampler_view_site/sitecustomize.py does it in every process of a real
@@ -29,9 +34,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 from typing import Any, Iterator
 
+import numpy as np
 import optuna
+from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from sweep.store import samplers
@@ -109,4 +117,47 @@ class RungWide(samplers.RungView):
         super().__init__(study, least=3 * MIN_TRIALS)
 
 
-VIEWS = {"paused-as-pruned": PausedAsPruned, "rung": RungView, "rung below": RungBelow, "rung wide": RungWide}
+class Predicted(samplers.StudyView):
+    """Each trial with counted reports (sweep's RungView.reports: never a running trial's) shown
+    COMPLETE at its predicted value at the last step (module docstring), once MIN_TRIALS have them;
+    before, the study as it is. A trial without counted reports is seen as it is, but a finished one
+    (it has none only where all its reports were not finite), which is hidden."""
+
+    _fits: dict[Any, dict[int, float]] = {}  # one fit per stored state: seen() runs at every draw
+
+    def seen(self, trials: list[Any]) -> list[Any]:
+        counted = [samplers.RungView.reports(t) for t in trials]
+        reporting = [(t, r) for t, r in zip(trials, counted) if r and t.distributions]
+        if len(reporting) < MIN_TRIALS:
+            return trials
+        key = tuple((t.number, t.state, tuple(sorted(r.items()))) for t, r in reporting)
+        if key not in self._fits:
+            self._fits.clear()
+            self._fits[key] = self._predict(reporting)
+        predicted = self._fits[key]
+        out = []
+        for t, r in zip(trials, counted):
+            if t.number in predicted and t.state != TrialState.COMPLETE:
+                t = copy.copy(t)
+                t.state, t.values = TrialState.COMPLETE, [predicted[t.number]]
+            elif t.number not in predicted and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                continue
+            out.append(t)
+        return out
+
+    def _predict(self, reporting: list[tuple[Any, dict[int, float]]]) -> dict[int, float]:
+        from sweep.schedulers.curve_model import Encoding, fit
+
+        steps = int(os.environ["SWEEP_BENCH_STEPS"])
+        sign = 1 if self._study.direction == StudyDirection.MINIMIZE else -1
+        encoding = Encoding.of([t.distributions for t, _ in reporting])
+        x = np.stack([encoding.encode(t.params) for t, _ in reporting])
+        rows, ts, ys = zip(*((i, step / steps, v) for i, (_, r) in enumerate(reporting) for step, v in sorted(r.items())))
+        model = fit(x, np.asarray(rows), np.asarray(ts), np.asarray(ys), sign, 0)
+        last = np.array([max(r) / steps for _, r in reporting], np.float32)
+        change = (model.predict(x, 1.0) - model.predict(x, last)).mean(axis=0)
+        return {t.number: float(r[max(r)] + change[i]) for i, (t, r) in enumerate(reporting)}
+
+
+VIEWS = {"paused-as-pruned": PausedAsPruned, "rung": RungView, "rung below": RungBelow, "rung wide": RungWide,
+         "predicted": Predicted}

@@ -130,6 +130,63 @@ def test_the_rung_view_shows_the_trials_at_the_highest_step_enough_reported_and_
     assert study.trials[0].values == [0.8]
 
 
+def test_the_predicted_view_ranks_trials_that_stopped_at_different_steps_on_one_scale(monkeypatch):
+    """benchmarks/sampler_views.py Predicted: before MIN_TRIALS trials have counted reports the
+    study is seen as it is; then each paused trial is COMPLETE at the curve model's value at the
+    last step, below its last report where curves fall, in the order of their configurations
+    among the trials paused at one step (each curve is x plus one shared decay; across steps the
+    model's short horizon ranks the trials paused earlier too low: RESULTS.md), and the storage is
+    left as it was."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from sweep.store.record import PAUSED_AT
+
+    module = _benchmark("sampler_views")
+    monkeypatch.setenv("SWEEP_BENCH_STEPS", "1000")
+    study = optuna.create_study()
+    view = module.Predicted(study)
+    xs = [0.05 * i for i in range(module.MIN_TRIALS + 2)]
+    for i, x in enumerate(xs):
+        stop = 100 if i % 2 else 300  # every other trial went on to step 300
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.WAITING, params={"x": x}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+            intermediate_values={step: x + 1 / (step / 100) ** 0.5 for step in range(100, stop + 1, 100)},
+            user_attrs={PAUSED_AT: [stop]}))
+        if i == module.MIN_TRIALS - 2:
+            assert all(t.state == TrialState.WAITING for t in view.get_trials())  # too few: as it is
+    seen = view.get_trials()
+    assert [t.state for t in seen] == [TrialState.COMPLETE] * len(xs)
+    values = [t.values[0] for t in seen]
+    last = [t.intermediate_values[max(t.intermediate_values)] for t in study.trials]
+    assert all(v < y for v, y in zip(values, last))
+    for stop in (0, 1):  # x rises with the number: so do the predicted values of trials paused at one step
+        assert values[stop::2] == sorted(values[stop::2])
+    assert all(t.state == TrialState.WAITING and t.values is None for t in study.trials)
+
+
+def test_the_real_run_report_counts_two_forms_of_a_rule_as_one_side_when_told():
+    """benchmarks/freeze_thaw_real.py --report --same A=B: A's runs are reported as B's; a seed
+    with two runs of one side is refused."""
+    import pytest
+
+    module = _benchmark("freeze_thaw_real")
+
+    def row(side: str, seed: int, value: float) -> dict:
+        return {"side": side, "seed": seed, "best_at_half": value, "best_at_budget": value}
+
+    rows = [row("tpe+median", s, 0.05) for s in (0, 1)] + [row("freeze_thaw", s, 0.04) for s in (0, 1)]
+    rows += [row("freeze_thaw+rung view", 0, 0.03), row("freeze_thaw+sampler_sees rung", 1, 0.02)]
+    with pytest.raises(SystemExit, match="freeze_thaw\\+rung view seed 1: each seed needs every side"):
+        module.report(rows, out=lambda line: None)
+    lines: list[str] = []
+    module.report(rows, out=lines.append, same={"freeze_thaw+rung view": "freeze_thaw+sampler_sees rung"})
+    assert any(line.startswith("| freeze_thaw+sampler_sees rung | 0.0250 (0.0300, 0.0200) |") for line in lines)
+    assert not any("rung view" in line for line in lines)
+    with pytest.raises(SystemExit, match="two runs of freeze_thaw seed 0"):
+        module.report([*rows, row("freeze_thaw", 0, 0.01)], out=lines.append)
+
+
 def test_the_scheduler_report_keeps_other_worker_counts_apart_and_refuses_a_run_given_twice():
     """benchmarks/scheduler_sim.py --report: one-worker runs get their own table instead of
     replacing the 4-worker runs of the same (task, seed, method); the same run twice is refused."""
