@@ -33,6 +33,7 @@ table) with a bootstrap 95% interval over the seeds, and the paired difference p
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -129,7 +130,7 @@ def report(rows: list[dict[str, Any]], out: Any = print, same: dict[str, str] | 
 
     same = same or {}
     rows = [{**r, "side": same.get(r["side"], r["side"])} for r in rows]
-    twice = sorted({(r["side"], r["seed"]) for r in rows if sum(1 for u in rows if (u["side"], u["seed"]) == (r["side"], r["seed"])) > 1})
+    twice = sorted(k for k, n in collections.Counter((r["side"], r["seed"]) for r in rows).items() if n > 1)
     if twice:
         raise SystemExit(f"two runs of {', '.join(f'{side} seed {seed}' for side, seed in twice)}: give each seed one run a side")
     bench = Tabulated("digits_mlp")

@@ -130,7 +130,7 @@ def test_the_rung_view_shows_the_trials_at_the_highest_step_enough_reported_and_
     assert study.trials[0].values == [0.8]
 
 
-def test_the_predicted_view_ranks_trials_that_stopped_at_different_steps_on_one_scale(monkeypatch):
+def test_the_predicted_view_shows_reporting_trials_complete_at_the_models_end_value(monkeypatch):
     """benchmarks/sampler_views.py Predicted: before MIN_TRIALS trials have counted reports the
     study is seen as it is; then each paused trial is COMPLETE at the curve model's value at the
     last step, below its last report where curves fall, in the order of their configurations
